@@ -1,0 +1,1 @@
+"""Tier barrier and global aggregator services."""

@@ -1,0 +1,101 @@
+"""The global aggregator: merges every tier-model event, as it arrives, into a new weighted global model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedat import topology
+from fedat.aggregate import Weights
+from fedat.service import Effects, Inbound, Outgoing, Reject, done
+from fedat.wire import GlobalModel, TierModel, decode_model, encode_model
+from fedat_aggregator.strategy import Strategy
+
+
+@dataclass(frozen=True)
+class AggregatorConfig:
+    """Cross-tier merge settings."""
+
+    num_tiers: int = 5
+    codec: str = "polyline"
+    precision: int = 4
+
+
+class Aggregator:
+    """Asynchronous cross-tier merge; idempotent on tier-model ids."""
+
+    name = "aggregator"
+
+    def __init__(self, cfg: AggregatorConfig, strategy: Strategy, clock_metrics=None):
+        self.cfg, self.strategy, self.metrics = cfg, strategy, clock_metrics
+        m = cfg.num_tiers
+        self.version = 0
+        self.names: list[str] | None = None
+        self.tier_models: list[Weights | None] = [None] * m
+        self.counts = [0] * m
+        self.rounds = [0] * m
+        self.seen: set[str] = set()
+        self.totals = {"bytes_up": 0, "bytes_down": 0, "late": 0, "updates": 0}
+
+    def subscriptions(self) -> dict[str, type]:
+        """Tier models to merge; global models to adopt the seed (version 0)."""
+        return {topology.AGGREGATOR_TIER_MODELS: TierModel, topology.AGGREGATOR_GLOBAL: GlobalModel}
+
+    def on_start(self, now: float) -> Effects:
+        """State lives in memory and survives reconnects: every input was acked only after its output was confirmed."""
+        return Effects()
+
+    def on_timer(self, key: str, now: float) -> Effects:
+        """No timers."""
+        return Effects()
+
+    def handle(self, inbound: Inbound, now: float) -> Effects:
+        """Adopt the seed model, or merge a tier model."""
+        msg = inbound.message
+        if isinstance(msg, GlobalModel):
+            if msg.version == 0 and self.names is None:
+                self.names = [layer.name for layer in msg.layers]
+            return done(inbound)  # our own outputs come back here too: nothing to do
+        return self._merge(inbound, msg, now)
+
+    def _merge(self, inbound: Inbound, tm: TierModel, now: float) -> Effects:
+        if tm.id in self.seen:
+            if self.metrics:
+                self.metrics.duplicates.inc()
+            return done(inbound)
+        if not 1 <= tm.tier <= self.cfg.num_tiers:
+            raise Reject(f"tier-model {tm.id}: tier {tm.tier} outside 1..{self.cfg.num_tiers}")
+        if tm.round <= self.rounds[tm.tier - 1]:
+            raise Reject(f"stale round: tier {tm.tier} round {tm.round} already merged (last {self.rounds[tm.tier - 1]})")
+        model = decode_model(tm.layers)
+        reference = next((w for w in self.tier_models if w is not None), None)
+        if reference is not None and [a.shape for a in model] != [a.shape for a in reference]:
+            raise Reject(f"tier-model {tm.id}: layer shapes differ from the other tiers'")
+        i = tm.tier - 1
+        self.tier_models[i] = model
+        self.counts[i] += 1
+        self.rounds[i] = tm.round
+        merged, weights = self.strategy.merge_global(self.tier_models, self.counts)
+        self.version += 1
+        self.seen.add(tm.id)
+        for key in ("bytes_up", "bytes_down", "late"):
+            self.totals[key] += getattr(tm, key)
+        self.totals["updates"] += len(tm.clients)
+        names = self.names or [layer.name for layer in tm.layers]
+        out = GlobalModel(
+            id=f"g{self.version}",
+            version=self.version,
+            tier=tm.tier,
+            tier_round=tm.round,
+            tier_rounds=tuple(self.rounds),
+            tier_counts=tuple(self.counts),
+            tier_weights=tuple(float(w) for w in weights),
+            created_at=now,
+            layers=encode_model(merged, names, self.cfg.codec, self.cfg.precision),
+            **self.totals,
+        )
+        if self.metrics:
+            self.metrics.merges.labels(str(tm.tier)).inc()
+            self.metrics.version.set(self.version)
+            for m, w in enumerate(weights, start=1):
+                self.metrics.tier_weight.labels(str(m)).set(float(w))
+        return done(inbound, Outgoing(topology.GLOBAL, "", out))

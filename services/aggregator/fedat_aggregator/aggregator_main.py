@@ -1,0 +1,50 @@
+"""`fedat-aggregator`: the global aggregator as a process, configured by FEDAT_* variables."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from fedat import config
+from fedat.bus import BrokerConfig
+from fedat.runtime import serve_forever, setup_logging
+from fedat_aggregator.aggregator import Aggregator, AggregatorConfig
+from fedat_aggregator.metrics import aggregator_metrics
+from fedat_aggregator.strategy import STRATEGIES
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the aggregator process needs."""
+
+    broker: BrokerConfig
+    aggregator: AggregatorConfig
+    strategy: str
+    metrics_port: int
+
+
+def settings(env: Mapping[str, str]) -> Settings:
+    """Build the settings from the environment."""
+    cfg = AggregatorConfig(
+        num_tiers=config.get_int(env, "FEDAT_NUM_TIERS", 5),
+        codec=config.get_str(env, "FEDAT_CODEC", "polyline"),
+        precision=config.get_int(env, "FEDAT_PRECISION", 4),
+    )
+    strategy = config.get_str(env, "FEDAT_STRATEGY", "fedat")
+    if strategy not in STRATEGIES:
+        raise config.ConfigError(f"FEDAT_STRATEGY={strategy!r} is not one of {sorted(STRATEGIES)}")
+    return Settings(config.broker(env, 4), cfg, strategy, config.get_int(env, "FEDAT_METRICS_PORT", 9102))
+
+
+def main() -> None:
+    """Run the aggregator until SIGTERM."""
+    setup_logging("aggregator")
+    s = settings(os.environ)
+    metrics = aggregator_metrics()
+    service = Aggregator(s.aggregator, STRATEGIES[s.strategy], metrics)
+    serve_forever(service, s.broker, metrics.transport.registry, metrics.transport, s.metrics_port)
+
+
+if __name__ == "__main__":
+    main()

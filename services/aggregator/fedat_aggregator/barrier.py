@@ -1,0 +1,279 @@
+"""The tier barrier: runs each tier's synchronous rounds and emits one tier-model event per closed round.
+
+A round opens when the tier's previous round has been merged into a new global model (or at the seed model):
+the strategy picks clients of the tier, the barrier publishes their train tasks carrying the compressed global
+model, and holds every update unacked (the broker is the round's durable store) until the round closes — when
+every selected client has answered, or at the deadline with at least `min_clients`. Below that minimum the
+missing slots are re-issued to fresh clients of the tier. An update counts from max(received, not_before).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fedat import topology
+from fedat.service import NOTHING, Effects, Inbound, Outgoing, Reject, done
+from fedat.tiering import Tiers
+from fedat.wire import GlobalModel, TierAssignment, TierModel, TrainTask, Update, decode_model, encode_model, model_bytes
+from fedat_aggregator.strategy import Strategy
+
+
+@dataclass(frozen=True)
+class BarrierConfig:
+    """Round parameters of the tiers this barrier runs."""
+
+    tiers: tuple[int, ...] = (1, 2, 3, 4, 5)
+    clients_per_round: int = 10
+    min_clients: int = 5
+    deadline_factor: float = 3.0
+    min_deadline: float = 5.0
+    epochs: int = 3
+    batch_size: int = 10
+    learning_rate: float = 1e-3
+    prox_lambda: float = 0.4
+    codec: str = "polyline"
+    precision: int = 4
+    tier_codec: str = "raw"
+    seed: int = 0
+
+
+@dataclass
+class _Arrival:
+    update: Update
+    tag: int
+    effective: float
+
+
+@dataclass
+class _Round:
+    tier: int
+    number: int
+    base_version: int
+    opened_at: float
+    deadline: float
+    tasks: dict[int, str]  # client -> task id
+    arrivals: dict[int, _Arrival] = field(default_factory=dict)
+    extra_tags: list[int] = field(default_factory=list)  # duplicates and late answers, acked at close
+    bytes_down: int = 0
+    reissues: int = 0
+
+
+class Barrier:
+    """Intra-tier synchronous rounds for a set of tiers."""
+
+    name = "barrier"
+
+    def __init__(self, cfg: BarrierConfig, strategy: Strategy, metrics=None):
+        self.cfg, self.strategy, self.metrics = cfg, strategy, metrics
+        self.rng = np.random.default_rng([cfg.seed, 0xBA77])
+        self._reset()
+
+    def _reset(self) -> None:
+        self.assignment: TierAssignment | None = None
+        self.assignment_tag: int | None = None
+        self.model: GlobalModel | None = None
+        self.model_tag: int | None = None
+        self.last_round: dict[int, int] = {}  # last round of each tier merged into a global model
+        self.closed_round: dict[int, int] = {}  # last round of each tier this barrier closed
+        self.open: dict[int, _Round] = {}
+        self.waiting: list[tuple[Inbound, float]] = []  # updates seen before their round was (re)opened
+
+    def subscriptions(self) -> dict[str, type]:
+        """Updates of our tiers, global models, tier assignments."""
+        subs: dict[str, type] = {topology.barrier_queue(m): Update for m in self.cfg.tiers}
+        subs[topology.BARRIER_GLOBAL] = GlobalModel
+        subs[topology.BARRIER_ASSIGNMENTS] = TierAssignment
+        return subs
+
+    def on_start(self, now: float) -> Effects:
+        """Forget everything: the held assignment, model and updates are redelivered."""
+        self._reset()
+        return NOTHING
+
+    # --- inputs -------------------------------------------------------------------------------------------
+    def handle(self, inbound: Inbound, now: float) -> Effects:
+        """Dispatch by message kind."""
+        msg = inbound.message
+        if isinstance(msg, TierAssignment):
+            return self._on_assignment(inbound, msg, now)
+        if isinstance(msg, GlobalModel):
+            return self._on_global(inbound, msg, now)
+        return self._on_update(inbound, msg, now)
+
+    def _on_assignment(self, inbound: Inbound, msg: TierAssignment, now: float) -> Effects:
+        if self.assignment is not None and msg.epoch <= self.assignment.epoch:
+            return done(inbound)
+        if len(msg.tiers) < max(self.cfg.tiers):
+            raise Reject(f"tier assignment {msg.epoch} has {len(msg.tiers)} tiers, this barrier runs {self.cfg.tiers}")
+        # Hold the newest assignment unacked so that a restarted barrier gets it back.
+        release = (self.assignment_tag,) if self.assignment_tag is not None else ()
+        self.assignment, self.assignment_tag = msg, inbound.tag
+        return Effects(ack=release) + self._open_idle_tiers(now)
+
+    def _on_global(self, inbound: Inbound, msg: GlobalModel, now: float) -> Effects:
+        if self.model is not None and msg.version <= self.model.version:
+            return done(inbound)
+        release = (self.model_tag,) if self.model_tag is not None else ()
+        self.model, self.model_tag = msg, inbound.tag
+        for m, r in zip(range(1, len(msg.tier_rounds) + 1), msg.tier_rounds, strict=True):
+            self.last_round[m] = max(self.last_round.get(m, 0), r)
+        effects = Effects(ack=release)
+        rnd = self.open.get(msg.tier)
+        if rnd is not None and rnd.number <= msg.tier_round:
+            del self.open[msg.tier]  # merged: the tier loops on with the new global model
+            if rnd.tasks is not None:  # superseded after a restart: the merged round already counted these
+                effects = effects + Effects(ack=tuple(a.tag for a in rnd.arrivals.values()) + tuple(rnd.extra_tags))
+        return effects + self._open_idle_tiers(now)
+
+    def _on_update(self, inbound: Inbound, u: Update, now: float) -> Effects:
+        if self.assignment is not None and not any(u.client in t for t in self.assignment.tiers):
+            raise Reject(f"unknown client {u.client}: not in tier assignment {self.assignment.epoch}")
+        rnd = self.open.get(u.tier)
+        if u.round <= max(self.last_round.get(u.tier, 0), self.closed_round.get(u.tier, 0)):
+            raise Reject(f"stale round: tier {u.tier} round {u.round} is already closed")
+        if rnd is None or u.round != rnd.number:
+            self.waiting.append((inbound, now))  # its round is not (re)opened yet, e.g. after a restart
+            return NOTHING
+        if rnd.tasks.get(u.client) != u.task_id:
+            raise Reject(f"client {u.client} was not given task {u.task_id} in tier {u.tier} round {u.round}")
+        if u.base_version != rnd.base_version:
+            raise Reject(f"update {u.id} trained on version {u.base_version}, round {rnd.number} used {rnd.base_version}")
+        if u.client in rnd.arrivals:
+            rnd.extra_tags.append(inbound.tag)  # a redelivered duplicate: counted once, acked at close
+            if self.metrics:
+                self.metrics.duplicates.labels(str(u.tier)).inc()
+            return NOTHING
+        self._check_shapes(u)
+        rnd.arrivals[u.client] = _Arrival(u, inbound.tag, max(now, u.not_before))
+        if len(rnd.arrivals) == len(rnd.tasks):
+            last = max(a.effective for a in rnd.arrivals.values())
+            return self._close(rnd, now) if last <= now else Effects(timers=((last - now, f"close:{rnd.tier}:{rnd.number}"),))
+        return NOTHING
+
+    def _check_shapes(self, u: Update) -> None:
+        want = [layer.shape for layer in self.model.layers] if self.model else None
+        got = [layer.shape for layer in u.layers]
+        if want is not None and got != want:
+            raise Reject(f"update {u.id}: layer shapes {got} do not match the global model's {want}")
+
+    def on_timer(self, key: str, now: float) -> Effects:
+        """Round deadlines and deferred closes (key 'deadline:<tier>:<round>' or 'close:<tier>:<round>')."""
+        what, tier, number = key.split(":")
+        rnd = self.open.get(int(tier))
+        if rnd is None or rnd.number != int(number) or rnd.tasks is None:  # closed or superseded
+            return NOTHING
+        if what == "close":  # timers may fire a hair early: the round closes at its last arrival
+            return self._close(rnd, max([now] + [a.effective for a in rnd.arrivals.values()]))
+        arrived = [a for a in rnd.arrivals.values() if a.effective <= now]
+        if len(arrived) >= min(self.cfg.min_clients, len(rnd.tasks)):
+            return self._close(rnd, now)
+        return self._reissue(rnd, now)
+
+    # --- rounds -------------------------------------------------------------------------------------------
+    def _open_idle_tiers(self, now: float) -> Effects:
+        effects = NOTHING
+        if self.assignment is None or self.model is None:
+            return effects
+        for m in self.cfg.tiers:
+            if m not in self.open:
+                effects = effects + self._open(m, now)
+        return effects
+
+    def _open(self, tier: int, now: float) -> Effects:
+        candidates = self.assignment.tiers[tier - 1]
+        if not candidates:
+            return NOTHING
+        number = max(self.last_round.get(tier, 0), self.closed_round.get(tier, 0)) + 1
+        clients = self.strategy.select_clients(candidates, self.cfg.clients_per_round, self.rng)
+        rnd = _Round(tier, number, self.model.version, now, 0.0, {})
+        self.open[tier] = rnd
+        effects = self._dispatch(rnd, clients, now)
+        # Updates that arrived before this round opened (after a restart) are replayed now.
+        pending, self.waiting = self.waiting, []
+        for inbound, seen in pending:
+            effects = effects + self._replay(inbound, seen, now)
+        if self.metrics:
+            self.metrics.rounds_opened.labels(str(tier)).inc()
+        return effects
+
+    def _replay(self, inbound: Inbound, seen: float, now: float) -> Effects:
+        try:
+            return self._on_update(inbound, inbound.message, now)
+        except Reject as exc:
+            return Effects(dead_letter=((inbound.tag, exc.reason),))
+
+    def _dispatch(self, rnd: _Round, clients: list[int], now: float) -> Effects:
+        latencies = self.assignment.latencies
+        slowest = max((latencies.get(c, 0.0) for c in clients), default=0.0)
+        rnd.deadline = now + max(self.cfg.min_deadline, self.cfg.deadline_factor * slowest)
+        tasks = []
+        for c in clients:
+            task = self._task(rnd, c, now)
+            rnd.tasks[c] = task.id
+            rnd.bytes_down += model_bytes(task.layers)
+            tasks.append(Outgoing(topology.TRAIN, topology.tier_key(rnd.tier), task))
+        return Effects(publish=tuple(tasks), timers=((rnd.deadline - now, f"deadline:{rnd.tier}:{rnd.number}"),))
+
+    def _task(self, rnd: _Round, client: int, now: float) -> TrainTask:
+        c = self.cfg
+        return TrainTask(
+            id=f"t{rnd.tier}-r{rnd.number}-c{client}-v{rnd.base_version}",
+            client=client,
+            tier=rnd.tier,
+            round=rnd.number,
+            version=rnd.base_version,
+            epochs=c.epochs,
+            batch_size=c.batch_size,
+            learning_rate=c.learning_rate,
+            prox_lambda=c.prox_lambda,
+            codec=c.codec,
+            precision=c.precision,
+            sent_at=now,
+            layers=self.model.layers,
+        )
+
+    def _reissue(self, rnd: _Round, now: float) -> Effects:
+        missing = [c for c in rnd.tasks if c not in rnd.arrivals]
+        fresh = [c for c in self.assignment.tiers[rnd.tier - 1] if c not in rnd.tasks]
+        rnd.reissues += 1
+        if self.metrics:
+            self.metrics.reissues.labels(str(rnd.tier)).inc()
+        replacements = self.strategy.select_clients(fresh, len(missing), self.rng) if fresh else []
+        if not replacements:
+            # Nobody left to ask: wait another deadline for the stragglers.
+            rnd.deadline = now + self.cfg.min_deadline
+            return Effects(timers=((self.cfg.min_deadline, f"deadline:{rnd.tier}:{rnd.number}"),))
+        for c in missing[: len(replacements)]:
+            del rnd.tasks[c]
+        return self._dispatch(rnd, replacements, now)
+
+    def _close(self, rnd: _Round, now: float) -> Effects:
+        included = sorted((a for a in rnd.arrivals.values() if a.effective <= now), key=lambda a: a.update.client)
+        late_tags = [a.tag for a in rnd.arrivals.values() if a.effective > now]
+        models = [decode_model(a.update.layers) for a in included]
+        merged = self.strategy.merge_tier(models, [a.update.n_samples for a in included])
+        names = [layer.name for layer in included[0].update.layers]
+        tier_model = TierModel(
+            id=f"tm{rnd.tier}-r{rnd.number}",
+            tier=rnd.tier,
+            round=rnd.number,
+            base_version=rnd.base_version,
+            n_samples=sum(a.update.n_samples for a in included),
+            clients=tuple(a.update.client for a in included),
+            bytes_up=sum(model_bytes(a.update.layers) for a in included),
+            bytes_down=rnd.bytes_down,
+            late=sum(a.update.late for a in included),
+            closed_at=now,
+            layers=encode_model(merged, names, self.cfg.tier_codec, self.cfg.precision),
+        )
+        rnd.tasks = None  # closed: further timers and updates for it are stale
+        self.closed_round[rnd.tier] = rnd.number
+        if self.metrics:
+            self.metrics.rounds_closed.labels(str(rnd.tier)).inc()
+            self.metrics.round_seconds.labels(str(rnd.tier)).observe(now - rnd.opened_at)
+            self.metrics.updates_merged.labels(str(rnd.tier)).inc(len(included))
+        acks = tuple(a.tag for a in included) + tuple(late_tags) + tuple(rnd.extra_tags)
+        return Effects(publish=(Outgoing(topology.TIER_MODELS, "", tier_model),), ack=acks)
+

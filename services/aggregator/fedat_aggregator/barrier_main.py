@@ -1,0 +1,65 @@
+"""`fedat-barrier`: the tier barrier as a process, configured by FEDAT_* variables."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from fedat import config
+from fedat.bus import BrokerConfig
+from fedat.runtime import serve_forever, setup_logging
+from fedat_aggregator.barrier import Barrier, BarrierConfig
+from fedat_aggregator.metrics import barrier_metrics
+from fedat_aggregator.strategy import STRATEGIES
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the barrier process needs."""
+
+    broker: BrokerConfig
+    barrier: BarrierConfig
+    strategy: str
+    metrics_port: int
+
+
+def settings(env: Mapping[str, str]) -> Settings:
+    """Build the settings from the environment."""
+    d = BarrierConfig()
+    num_tiers = config.get_int(env, "FEDAT_NUM_TIERS", 5)
+    cfg = BarrierConfig(
+        tiers=config.get_ints(env, "FEDAT_TIERS", tuple(range(1, num_tiers + 1))),
+        clients_per_round=config.get_int(env, "FEDAT_CLIENTS_PER_ROUND", d.clients_per_round),
+        min_clients=config.get_int(env, "FEDAT_MIN_CLIENTS", d.min_clients),
+        deadline_factor=config.get_float(env, "FEDAT_DEADLINE_FACTOR", d.deadline_factor),
+        min_deadline=config.get_float(env, "FEDAT_MIN_DEADLINE", d.min_deadline),
+        epochs=config.get_int(env, "FEDAT_EPOCHS", d.epochs),
+        batch_size=config.get_int(env, "FEDAT_BATCH_SIZE", d.batch_size),
+        learning_rate=config.get_float(env, "FEDAT_LEARNING_RATE", d.learning_rate),
+        prox_lambda=config.get_float(env, "FEDAT_PROX_LAMBDA", d.prox_lambda),
+        codec=config.get_str(env, "FEDAT_CODEC", d.codec),
+        precision=config.get_int(env, "FEDAT_PRECISION", d.precision),
+        seed=config.get_int(env, "FEDAT_SEED", d.seed),
+    )
+    if cfg.min_clients < 1 or cfg.clients_per_round < cfg.min_clients:
+        raise config.ConfigError("need 1 <= FEDAT_MIN_CLIENTS <= FEDAT_CLIENTS_PER_ROUND")
+    strategy = config.get_str(env, "FEDAT_STRATEGY", "fedat")
+    if strategy not in STRATEGIES:
+        raise config.ConfigError(f"FEDAT_STRATEGY={strategy!r} is not one of {sorted(STRATEGIES)}")
+    # The barrier holds a round's updates unacked until it closes: prefetch must cover every open round.
+    prefetch = max(64, 4 * cfg.clients_per_round * len(cfg.tiers) + 8)
+    return Settings(config.broker(env, prefetch), cfg, strategy, config.get_int(env, "FEDAT_METRICS_PORT", 9101))
+
+
+def main() -> None:
+    """Run the barrier until SIGTERM."""
+    setup_logging("barrier")
+    s = settings(os.environ)
+    metrics = barrier_metrics()
+    service = Barrier(s.barrier, STRATEGIES[s.strategy], metrics)
+    serve_forever(service, s.broker, metrics.transport.registry, metrics.transport, s.metrics_port)
+
+
+if __name__ == "__main__":
+    main()

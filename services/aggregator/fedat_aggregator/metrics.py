@@ -1,0 +1,63 @@
+"""Every metric of the barrier and the aggregator, each service in its own private registry."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from fedat.metrics import TransportMetrics, transport_metrics
+
+
+@dataclass(frozen=True)
+class BarrierMetrics:
+    """Per-tier round throughput."""
+
+    transport: TransportMetrics
+    rounds_opened: Counter
+    rounds_closed: Counter
+    round_seconds: Histogram
+    updates_merged: Counter
+    duplicates: Counter
+    reissues: Counter
+
+
+def barrier_metrics() -> BarrierMetrics:
+    """A fresh registry with the barrier's metrics."""
+    r = CollectorRegistry()
+    return BarrierMetrics(
+        transport=transport_metrics(r, "barrier"),
+        rounds_opened=Counter("fedat_tier_rounds_opened_total", "Tier rounds opened", ["tier"], registry=r),
+        rounds_closed=Counter("fedat_tier_rounds_closed_total", "Tier rounds closed and merged", ["tier"], registry=r),
+        round_seconds=Histogram("fedat_tier_round_seconds", "Wall time from opening to closing a tier round", ["tier"],
+                                registry=r, buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)),
+        updates_merged=Counter("fedat_tier_updates_merged_total", "Client updates merged into tier models", ["tier"],
+                               registry=r),
+        duplicates=Counter("fedat_barrier_duplicate_updates_total", "Redelivered updates counted once", ["tier"],
+                           registry=r),
+        reissues=Counter("fedat_tier_round_reissues_total", "Rounds below the minimum at their deadline", ["tier"],
+                         registry=r),
+    )
+
+
+@dataclass(frozen=True)
+class AggregatorMetrics:
+    """Cross-tier merge activity."""
+
+    transport: TransportMetrics
+    merges: Counter
+    duplicates: Counter
+    version: Gauge
+    tier_weight: Gauge
+
+
+def aggregator_metrics() -> AggregatorMetrics:
+    """A fresh registry with the aggregator's metrics."""
+    r = CollectorRegistry()
+    return AggregatorMetrics(
+        transport=transport_metrics(r, "aggregator"),
+        merges=Counter("fedat_global_merges_total", "Tier models merged into the global model", ["tier"], registry=r),
+        duplicates=Counter("fedat_aggregator_duplicate_tier_models_total", "Redelivered tier models ignored", registry=r),
+        version=Gauge("fedat_global_model_version", "Version of the latest global model", registry=r),
+        tier_weight=Gauge("fedat_tier_weight_ratio", "Current cross-tier weight of each tier", ["tier"], registry=r),
+    )

@@ -1,0 +1,1 @@
+"""Profiler service: latency measurement and tier assignment."""

@@ -1,0 +1,54 @@
+"""`fedat-profiler`: the tiering module as a process, configured by FEDAT_* variables."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from fedat import config
+from fedat.bus import BrokerConfig
+from fedat.runtime import serve_forever, setup_logging
+from fedat_profiler.metrics import profiler_metrics
+from fedat_profiler.profiler import Profiler, ProfilerConfig
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the profiler process needs."""
+
+    broker: BrokerConfig
+    profiler: ProfilerConfig
+    metrics_port: int
+
+
+def settings(env: Mapping[str, str]) -> Settings:
+    """Build the settings from the environment."""
+    d = ProfilerConfig()
+    cfg = ProfilerConfig(
+        num_clients=config.get_int(env, "FEDAT_NUM_CLIENTS", d.num_clients),
+        num_tiers=config.get_int(env, "FEDAT_NUM_TIERS", d.num_tiers),
+        profile_epochs=config.get_int(env, "FEDAT_PROFILE_EPOCHS", d.profile_epochs),
+        batch_size=config.get_int(env, "FEDAT_BATCH_SIZE", d.batch_size),
+        learning_rate=config.get_float(env, "FEDAT_LEARNING_RATE", d.learning_rate),
+        concurrency=config.get_int(env, "FEDAT_PROFILE_CONCURRENCY", d.concurrency),
+        profile_deadline=config.get_float(env, "FEDAT_PROFILE_DEADLINE", d.profile_deadline),
+        retier_every=config.get_int(env, "FEDAT_RETIER_EVERY", d.retier_every),
+        drift_fraction=config.get_float(env, "FEDAT_DRIFT_FRACTION", d.drift_fraction),
+        ewma_alpha=config.get_float(env, "FEDAT_EWMA_ALPHA", d.ewma_alpha),
+        codec=config.get_str(env, "FEDAT_CODEC", d.codec),
+        precision=config.get_int(env, "FEDAT_PRECISION", d.precision),
+    )
+    return Settings(config.broker(env, 64), cfg, config.get_int(env, "FEDAT_METRICS_PORT", 9103))
+
+
+def main() -> None:
+    """Run the profiler until SIGTERM."""
+    setup_logging("profiler")
+    s = settings(os.environ)
+    metrics = profiler_metrics()
+    serve_forever(Profiler(s.profiler, metrics), s.broker, metrics.transport.registry, metrics.transport, s.metrics_port)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""Every metric of the profiler, in its private registry."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from fedat.metrics import TransportMetrics, transport_metrics
+
+
+@dataclass(frozen=True)
+class ProfilerMetrics:
+    """Latency and tiering."""
+
+    transport: TransportMetrics
+    latency: Histogram
+    assignments: Counter
+    tier_size: Gauge
+
+
+def profiler_metrics() -> ProfilerMetrics:
+    """A fresh registry with the profiler's metrics."""
+    r = CollectorRegistry()
+    return ProfilerMetrics(
+        transport=transport_metrics(r, "profiler"),
+        latency=Histogram("fedat_client_response_seconds", "Client response latency, dispatch to arrival", ["tier"],
+                          registry=r, buckets=(0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120)),
+        assignments=Counter("fedat_tier_assignments_total", "Tier assignments published", registry=r),
+        tier_size=Gauge("fedat_tier_clients", "Clients in each tier", ["tier"], registry=r),
+    )

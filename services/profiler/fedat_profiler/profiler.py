@@ -1,0 +1,134 @@
+"""The tiering module: profiles every client's response latency, assigns tiers, re-tiers on drift.
+
+Latency is measured the same way for the profiling pass and for every completed task: from the task's dispatch
+to the update's arrival, where an update counts as arriving at max(received, not_before).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedat import topology
+from fedat.service import Effects, Inbound, Outgoing, done
+from fedat.tiering import Tiers, assign_tiers, ewma, moved_clients
+from fedat.wire import TierAssignment, TrainTask, Update
+
+
+@dataclass(frozen=True)
+class ProfilerConfig:
+    """Profiling pass and re-tiering settings."""
+
+    num_clients: int = 100
+    num_tiers: int = 5
+    profile_epochs: int = 1
+    batch_size: int = 10
+    learning_rate: float = 1e-3
+    concurrency: int = 32
+    profile_deadline: float = 300.0
+    retier_every: int = 50
+    drift_fraction: float = 0.1
+    ewma_alpha: float = 0.3
+    codec: str = "polyline"
+    precision: int = 4
+
+
+class Profiler:
+    """Latency bookkeeping and tier assignment."""
+
+    name = "profiler"
+
+    def __init__(self, cfg: ProfilerConfig, metrics=None):
+        self.cfg, self.metrics = cfg, metrics
+        self.latency: dict[int, float] = {}
+        self.queue = list(range(cfg.num_clients))  # clients still to profile
+        self.outstanding: set[int] = set()
+        self.started = False
+        self.epoch = 0
+        self.tiers: Tiers | None = None
+        self.samples_since = 0
+
+    def subscriptions(self) -> dict[str, type]:
+        """Every client update (profiling answers and round answers)."""
+        return {topology.PROFILER_RESULTS: Update}
+
+    def on_start(self, now: float) -> Effects:
+        """Start the profiling pass once; profile tasks already published stay durable across reconnects."""
+        if self.started:
+            return Effects()
+        self.started = True
+        return self._dispatch(now) + Effects(timers=((self.cfg.profile_deadline, "profile-deadline"),))
+
+    def on_timer(self, key: str, now: float) -> Effects:
+        """The profiling deadline: assign tiers among the clients that answered."""
+        if key == "profile-deadline" and self.tiers is None:
+            return self._assign(now)
+        return Effects()
+
+    def handle(self, inbound: Inbound, now: float) -> Effects:
+        """Record one latency sample; finish profiling or re-tier when due."""
+        u: Update = inbound.message
+        sample = max(now, u.not_before) - u.dispatched_at
+        if u.tier == 0:
+            self.latency[u.client] = sample
+            self.outstanding.discard(u.client)
+            effects = done(inbound) + self._dispatch(now)
+            if self.tiers is None and not self.queue and not self.outstanding:
+                effects = effects + self._assign(now)
+            return effects
+        self.latency[u.client] = ewma(self.latency.get(u.client), sample, self.cfg.ewma_alpha)
+        if self.metrics:
+            self.metrics.latency.labels(str(u.tier)).observe(sample)
+        self.samples_since += 1
+        if self.tiers is not None and self.samples_since >= self.cfg.retier_every:
+            self.samples_since = 0
+            return done(inbound) + self._retier(now)
+        return done(inbound)
+
+    def _dispatch(self, now: float) -> Effects:
+        tasks = []
+        while self.queue and len(self.outstanding) < self.cfg.concurrency:
+            client = self.queue.pop(0)
+            self.outstanding.add(client)
+            task = TrainTask(
+                id=f"p-c{client}",
+                client=client,
+                tier=0,
+                round=0,
+                version=0,
+                epochs=self.cfg.profile_epochs,
+                batch_size=self.cfg.batch_size,
+                learning_rate=self.cfg.learning_rate,
+                prox_lambda=0.0,
+                codec=self.cfg.codec,
+                precision=self.cfg.precision,
+                sent_at=now,
+                layers=(),
+            )
+            tasks.append(Outgoing(topology.TRAIN, topology.PROFILE_KEY, task))
+        return Effects(publish=tuple(tasks))
+
+    def _assign(self, now: float) -> Effects:
+        if len(self.latency) < self.cfg.num_tiers:
+            return Effects(timers=((self.cfg.profile_deadline, "profile-deadline"),))
+        self.queue.clear()
+        self.outstanding.clear()
+        return self._publish(assign_tiers(self.latency, self.cfg.num_tiers), now)
+
+    def _retier(self, now: float) -> Effects:
+        new = assign_tiers(self.latency, self.cfg.num_tiers)
+        moved = moved_clients(self.tiers, new)
+        if len(moved) < self.cfg.drift_fraction * len(self.latency):
+            return Effects()
+        return self._publish(new, now)
+
+    def _publish(self, tiers: Tiers, now: float) -> Effects:
+        self.epoch += 1
+        self.tiers = tiers
+        if self.metrics:
+            self.metrics.assignments.inc()
+            for m, group in enumerate(tiers, start=1):
+                self.metrics.tier_size.labels(str(m)).set(len(group))
+        msg = TierAssignment(
+            id=f"a{self.epoch}", epoch=self.epoch, tiers=tiers, latencies=dict(self.latency), created_at=now
+        )
+        return Effects(publish=(Outgoing(topology.CONTROL, "", msg),))

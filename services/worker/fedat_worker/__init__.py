@@ -1,0 +1,1 @@
+"""Worker and evaluator services: the only place TensorFlow is imported."""

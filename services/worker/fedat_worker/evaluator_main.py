@@ -1,0 +1,30 @@
+"""`fedat-evaluator`: scores global models, configured by FEDAT_* variables."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from fedat import config
+from fedat.runtime import serve_forever, setup_logging
+from fedat_worker.evaluator import Evaluator, EvaluatorConfig
+from fedat_worker.metrics import evaluator_metrics
+from fedat_worker.workload import build, workload_from_env
+
+
+def main() -> None:
+    """Run the evaluator until SIGTERM."""
+    setup_logging("evaluator")
+    env = os.environ
+    workload = workload_from_env(env)
+    cfg = EvaluatorConfig(every=config.get_int(env, "FEDAT_EVAL_EVERY", 5))
+    broker = config.broker(env, 1)
+    clients, _, trainer = build(workload, config.get_int(env, "FEDAT_TF_THREADS", 1))
+    metrics = evaluator_metrics()
+    service = Evaluator(cfg, clients, trainer, time.time, metrics)
+    serve_forever(service, broker, metrics.transport.registry, metrics.transport,
+                  config.get_int(env, "FEDAT_METRICS_PORT", 9105))
+
+
+if __name__ == "__main__":
+    main()

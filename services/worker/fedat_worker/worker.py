@@ -1,0 +1,115 @@
+"""The worker: trains whichever logical client a task names and publishes its compressed update at once.
+
+Response time follows the latency model (fedat.latency): the update carries `not_before`, the moment the
+simulated client would have answered, and the barrier counts it from then. So a delay never keeps this process
+from training the next client; an update already past its `not_before` when training ends is flagged `late`.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedat import topology
+from fedat.latency import ClientProfile, StragglerProfile, response_latency, round_draw
+from fedat.service import Effects, Inbound, Outgoing, Reject, done
+from fedat.wire import TrainTask, Update, WireError, decode_model, encode_model
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Which queues to serve and how simulated clients behave."""
+
+    tiers: tuple[int, ...] = (1, 2, 3, 4, 5)
+    profile_queue: bool = True
+    straggler: StragglerProfile = StragglerProfile()
+    run_start: float = 0.0
+    seed: int = 0
+
+
+class Worker:
+    """Serves train tasks for any client of the experiment."""
+
+    name = "worker"
+
+    def __init__(self, cfg: WorkerConfig, clients, trainer, names: list[str], initial: list[np.ndarray],
+                 profiles: tuple[ClientProfile, ...], clock: Callable[[], float], metrics=None):
+        self.cfg, self.clients, self.trainer, self.names = cfg, clients, trainer, names
+        self.initial, self.profiles, self.clock, self.metrics = initial, profiles, clock, metrics
+        self.shapes = [a.shape for a in initial]
+
+    def subscriptions(self) -> dict[str, type]:
+        """The train queues of the configured tiers (and the profiling queue)."""
+        subs: dict[str, type] = {topology.train_queue(m): TrainTask for m in self.cfg.tiers}
+        if self.cfg.profile_queue:
+            subs[topology.PROFILE_QUEUE] = TrainTask
+        return subs
+
+    def on_start(self, now: float) -> Effects:
+        """Stateless between tasks."""
+        return Effects()
+
+    def on_timer(self, key: str, now: float) -> Effects:
+        """No timers."""
+        return Effects()
+
+    def handle(self, inbound: Inbound, now: float) -> Effects:
+        """Train one task and publish the update."""
+        task: TrainTask = inbound.message
+        if not 0 <= task.client < len(self.clients):
+            raise Reject(f"unknown client {task.client}: this experiment has {len(self.clients)} clients")
+        profile = self.profiles[task.client]
+        if profile.drops_at is not None and now - self.cfg.run_start >= profile.drops_at:
+            if self.metrics:
+                self.metrics.dropped.inc()
+            return done(inbound)  # the client has left for good: no answer, as in the paper's unstable clients
+        weights = self._weights(task)
+        data = self.clients[task.client]
+        started = self.clock()
+        result = self.trainer.train(
+            weights, data.x_train, data.y_train, epochs=task.epochs, prox_lambda=task.prox_lambda,
+            seed=zlib.crc32(task.id.encode()), learning_rate=task.learning_rate,
+        )
+        finished = self.clock()
+        ts = self.cfg.straggler.time_scale
+        not_before = task.sent_at + response_latency(result.seconds, profile, ts, round_draw(self.cfg.seed, task.id))
+        update = Update(
+            id=f"u-{task.id}",
+            task_id=task.id,
+            client=task.client,
+            tier=task.tier,
+            round=task.round,
+            base_version=task.version,
+            n_samples=result.n_samples,
+            loss=result.loss,
+            dispatched_at=task.sent_at,
+            started_at=started,
+            finished_at=finished,
+            train_seconds=result.seconds,
+            not_before=not_before,
+            late=finished > not_before,
+            layers=encode_model(result.weights, self.names, task.codec, task.precision),
+        )
+        if self.metrics:
+            tier = str(task.tier)
+            self.metrics.trained.labels(tier).inc()
+            self.metrics.train_seconds.labels(tier).observe(result.seconds)
+            self.metrics.epochs.labels(tier).inc(task.epochs)
+            if update.late:
+                self.metrics.late.labels(tier).inc()
+        key = topology.tier_key(task.tier) if task.tier else topology.PROFILE_KEY
+        return done(inbound, Outgoing(topology.RESULTS, key, update))
+
+    def _weights(self, task: TrainTask) -> list[np.ndarray]:
+        if not task.layers:
+            return self.initial  # a profiling task: train from the initial model
+        try:
+            weights = decode_model(task.layers)
+        except WireError as exc:
+            raise Reject(f"task {task.id}: {exc}") from None
+        if [w.shape for w in weights] != self.shapes:
+            raise Reject(f"task {task.id}: layer shapes {[w.shape for w in weights]} do not match the model's {self.shapes}")
+        return weights

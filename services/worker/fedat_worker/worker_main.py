@@ -1,0 +1,85 @@
+"""`fedat-worker`: one worker process serving train tasks, configured by FEDAT_* variables."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from fedat import config
+from fedat.bus import BrokerConfig
+from fedat.latency import PAPER_DELAYS, StragglerProfile, client_profiles
+from fedat.runtime import serve_forever, setup_logging
+from fedat_worker.metrics import worker_metrics
+from fedat_worker.workload import Workload, build, workload_from_env
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a worker process needs."""
+
+    broker: BrokerConfig
+    workload: Workload
+    straggler: StragglerProfile
+    tiers: tuple[int, ...]
+    profile_queue: bool
+    run_start: float
+    threads: int
+    metrics_port: int
+
+
+def straggler_from_env(env: Mapping[str, str]) -> StragglerProfile:
+    """FEDAT_TIME_SCALE, FEDAT_DEVICE_FACTOR (lo,hi), FEDAT_UNSTABLE_CLIENTS, FEDAT_DROP_WINDOW (lo,hi), FEDAT_DELAYS."""
+    d = StragglerProfile()
+    flat = config.get_floats(env, "FEDAT_DELAYS", tuple(x for pair in PAPER_DELAYS for x in pair))
+    if len(flat) % 2:
+        raise config.ConfigError("FEDAT_DELAYS must list lo,hi pairs")
+    return StragglerProfile(
+        time_scale=config.get_float(env, "FEDAT_TIME_SCALE", d.time_scale),
+        delays=tuple(zip(flat[::2], flat[1::2], strict=True)),
+        device_factor=tuple(config.get_floats(env, "FEDAT_DEVICE_FACTOR", d.device_factor)),
+        unstable_clients=config.get_int(env, "FEDAT_UNSTABLE_CLIENTS", d.unstable_clients),
+        drop_window=tuple(config.get_floats(env, "FEDAT_DROP_WINDOW", d.drop_window)),
+    )
+
+
+def settings(env: Mapping[str, str]) -> Settings:
+    """Build the settings from the environment."""
+    num_tiers = config.get_int(env, "FEDAT_NUM_TIERS", 5)
+    return Settings(
+        broker=config.broker(env, 1),
+        workload=workload_from_env(env),
+        straggler=straggler_from_env(env),
+        tiers=config.get_ints(env, "FEDAT_TIERS", tuple(range(1, num_tiers + 1))),
+        profile_queue=config.get_int(env, "FEDAT_PROFILE_QUEUE", 1) == 1,
+        run_start=config.get_float(env, "FEDAT_RUN_START", time.time()),
+        threads=config.get_int(env, "FEDAT_TF_THREADS", 1),
+        metrics_port=config.get_int(env, "FEDAT_METRICS_PORT", 9104),
+    )
+
+
+def main() -> None:
+    """Run one worker until SIGTERM."""
+    setup_logging("worker")
+    s = settings(os.environ)
+    from fedat_worker.models import weight_names
+    from fedat_worker.worker import Worker, WorkerConfig
+
+    clients, model, trainer = build(s.workload, s.threads)
+    metrics = worker_metrics()
+    worker = Worker(
+        WorkerConfig(s.tiers, s.profile_queue, s.straggler, s.run_start, s.workload.seed),
+        clients,
+        trainer,
+        weight_names(model),
+        [w.copy() for w in model.get_weights()],
+        client_profiles(s.workload.num_clients, s.straggler, s.workload.seed),
+        time.time,
+        metrics,
+    )
+    serve_forever(worker, s.broker, metrics.transport.registry, metrics.transport, s.metrics_port)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""FedAT core: shared by every service; imports numpy, never TensorFlow."""

@@ -1,0 +1,122 @@
+"""Pure aggregation math: intra-tier averaging, cross-tier weights, staleness mixing. No I/O, clock or config."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+Weights = list[np.ndarray]
+
+
+def weighted_average(models: Sequence[Sequence[np.ndarray]], coefficients: Sequence[float]) -> Weights:
+    """Layer-wise Σ c_i · model_i with coefficients normalised to sum to 1, computed in float64."""
+    if len(models) == 0:
+        raise ValueError("weighted_average: no models")
+    if len(models) != len(coefficients):
+        raise ValueError(f"weighted_average: {len(models)} models but {len(coefficients)} coefficients")
+    c = np.asarray(coefficients, dtype=np.float64)
+    if np.any(c < 0) or not np.isfinite(c).all() or c.sum() <= 0:
+        raise ValueError(f"weighted_average: coefficients must be finite, >= 0 and not all 0, got {c.tolist()}")
+    c = c / c.sum()
+    n_layers = len(models[0])
+    for i, m in enumerate(models):
+        if len(m) != n_layers:
+            raise ValueError(f"weighted_average: model {i} has {len(m)} layers, model 0 has {n_layers}")
+    out = []
+    for layer in range(n_layers):
+        shape = models[0][layer].shape
+        acc = np.zeros(shape, dtype=np.float64)
+        for i, m in enumerate(models):
+            if m[layer].shape != shape:
+                raise ValueError(f"weighted_average: layer {layer} of model {i} has shape {m[layer].shape}, expected {shape}")
+            if c[i]:
+                acc += c[i] * m[layer]
+        out.append(acc.astype(np.float32))
+    return out
+
+
+def sample_weighted_average(models: Sequence[Sequence[np.ndarray]], n_samples: Sequence[int]) -> Weights:
+    """FedAvg merge: Σ (n_k / N) · w_k over the clients of one round."""
+    return weighted_average(models, n_samples)
+
+
+def fedat_tier_weights(counts: Sequence[int]) -> np.ndarray:
+    """FedAT cross-tier weights: tier m (index 0 = fastest) gets T_(M+1−m) / T.
+
+    Start-up rule: a tier that has not reported yet holds no model and gets weight 0; the mirror rule is applied
+    among the reported tiers only (the i-th fastest reported tier gets the count of the i-th slowest reported
+    tier, over their total). Once every tier has reported this is exactly the paper's T_(M+1−m)/T, and since a
+    reported tier has count >= 1 no update is ever weighted 0 (counting from 0 over all tiers would pair fresh
+    tiers with the untouched w0 and ignore most early updates). With no reports the caller keeps w0.
+    """
+    t = np.asarray(counts, dtype=np.float64)
+    if t.ndim != 1 or np.any(t < 0):
+        raise ValueError(f"fedat_tier_weights: counts must be a 1-D sequence of non-negative ints, got {counts}")
+    w = np.zeros_like(t)
+    reported = np.flatnonzero(t > 0)
+    if reported.size:
+        w[reported] = t[reported[::-1]] / t[reported].sum()
+    return w
+
+
+def uniform_tier_weights(counts: Sequence[int]) -> np.ndarray:
+    """The paper's ablation: every reported tier weighs the same."""
+    t = np.asarray(counts, dtype=np.float64)
+    w = (t > 0).astype(np.float64)
+    return w / w.sum() if w.sum() else w
+
+
+def constant_staleness(staleness: int) -> float:
+    """s(t − τ) = 1."""
+    return 1.0
+
+
+def polynomial_staleness(staleness: int, a: float = 0.5) -> float:
+    """FedAsync's polynomial staleness function s(t − τ) = (t − τ + 1)^−a."""
+    if staleness < 0:
+        raise ValueError(f"staleness must be >= 0, got {staleness}")
+    return float((staleness + 1) ** -a)
+
+
+def hinge_staleness(staleness: int, a: float = 10.0, b: int = 4) -> float:
+    """FedAsync's hinge function: 1 up to b, then 1 / (a (t − τ − b) + 1)."""
+    if staleness < 0:
+        raise ValueError(f"staleness must be >= 0, got {staleness}")
+    return 1.0 if staleness <= b else 1.0 / (a * (staleness - b) + 1.0)
+
+
+STALENESS: dict[str, Callable[[int], float]] = {
+    "constant": constant_staleness,
+    "polynomial": polynomial_staleness,
+    "hinge": hinge_staleness,
+}
+
+
+def fedasync_mix(
+    global_model: Sequence[np.ndarray], local_model: Sequence[np.ndarray], alpha: float, staleness_factor: float
+) -> Weights:
+    """FedAsync server step: w ← (1 − α_t) w + α_t w_new with α_t = α · s(t − τ)."""
+    a = alpha * staleness_factor
+    if not 0.0 <= a <= 1.0:
+        raise ValueError(f"fedasync_mix: α·s must be in [0, 1], got {a}")
+    return weighted_average([global_model, local_model], [1.0 - a, a]) if a < 1.0 else [x.copy() for x in local_model]
+
+
+def fedbuff_step(
+    global_model: Sequence[np.ndarray],
+    deltas: Sequence[Sequence[np.ndarray]],
+    staleness_factors: Sequence[float],
+    server_lr: float,
+) -> Weights:
+    """FedBuff server step: w ← w + η · mean_k(s_k · Δ_k) over a buffer of K client deltas."""
+    if not deltas:
+        raise ValueError("fedbuff_step: empty buffer")
+    k = len(deltas)
+    out = []
+    for layer, g in enumerate(global_model):
+        acc = np.zeros(g.shape, dtype=np.float64)
+        for s, d in zip(staleness_factors, deltas, strict=True):
+            acc += s * d[layer]
+        out.append((g + server_lr * acc / k).astype(np.float32))
+    return out

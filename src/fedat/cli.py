@@ -1,0 +1,27 @@
+"""The `fedat` command: `fedat run EXPERIMENT.yaml [--minutes M]`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from fedat.run import load_experiment, run
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse arguments and dispatch."""
+    p = argparse.ArgumentParser(prog="fedat")
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("run", help="run one experiment with every service as a local process")
+    r.add_argument("experiment", type=Path)
+    r.add_argument("--minutes", type=float, default=None, help="wall-clock budget (default: the experiment's)")
+    r.add_argument("--results", type=Path, default=Path("results"))
+    r.add_argument("--amqp-url", default=None, help="use this broker/vhost instead of a fresh local vhost")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
+    run(load_experiment(args.experiment), args.results, args.minutes, args.amqp_url)
+
+
+if __name__ == "__main__":
+    main()

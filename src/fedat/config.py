@@ -1,0 +1,66 @@
+"""Reading `FEDAT_*` environment variables into typed values; used only by each service's `main()`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+class ConfigError(ValueError):
+    """A `FEDAT_*` variable is malformed; the message names it."""
+
+
+def get_str(env: Mapping[str, str], name: str, default: str) -> str:
+    """A string variable."""
+    return env.get(name, default)
+
+
+def get_int(env: Mapping[str, str], name: str, default: int) -> int:
+    """An integer variable."""
+    raw = env.get(name)
+    try:
+        return default if raw is None or raw == "" else int(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not an integer") from None
+
+
+def get_float(env: Mapping[str, str], name: str, default: float) -> float:
+    """A float variable."""
+    raw = env.get(name)
+    try:
+        return default if raw is None or raw == "" else float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number") from None
+
+
+def get_ints(env: Mapping[str, str], name: str, default: tuple[int, ...]) -> tuple[int, ...]:
+    """A comma-separated list of integers."""
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return tuple(int(x) for x in raw.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a comma-separated list of integers") from None
+
+
+def get_floats(env: Mapping[str, str], name: str, default: tuple[float, ...]) -> tuple[float, ...]:
+    """A comma-separated list of floats."""
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        return tuple(float(x) for x in raw.split(",") if x.strip())
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a comma-separated list of numbers") from None
+
+
+def broker(env: Mapping[str, str], prefetch: int):
+    """The broker section every service shares."""
+    from fedat.bus import BrokerConfig
+
+    return BrokerConfig(
+        url=get_str(env, "FEDAT_AMQP_URL", BrokerConfig.url),
+        num_tiers=get_int(env, "FEDAT_NUM_TIERS", 5),
+        prefetch=get_int(env, "FEDAT_PREFETCH", prefetch),
+        max_message_bytes=get_int(env, "FEDAT_MAX_MESSAGE_BYTES", BrokerConfig.max_message_bytes),
+    )

@@ -1,0 +1,78 @@
+"""The recorder: follows global models and evaluations and writes a run's `events.jsonl`."""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from typing import IO
+
+from fedat import topology
+from fedat.service import Effects, Inbound, done
+from fedat.wire import Evaluation, GlobalModel
+
+
+@dataclass
+class RunState:
+    """What the run has seen so far (read by the progress display from another thread)."""
+
+    started_at: float
+    version: int = 0
+    tier_counts: tuple[int, ...] = ()
+    bytes_up: int = 0
+    bytes_down: int = 0
+    late: int = 0
+    updates: int = 0
+    evaluations: list[dict] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Recorder:
+    """One `global` line per global update and one `evaluation` line per score, as they arrive."""
+
+    name = "recorder"
+
+    def __init__(self, state: RunState, out: IO[str]):
+        self.state, self.out = state, out
+
+    def subscriptions(self) -> dict[str, type]:
+        """Global models and evaluation events."""
+        return {topology.RECORDER_GLOBAL: GlobalModel, topology.RECORDER_EVENTS: Evaluation}
+
+    def on_start(self, now: float) -> Effects:
+        """No held state."""
+        return Effects()
+
+    def on_timer(self, key: str, now: float) -> Effects:
+        """No timers."""
+        return Effects()
+
+    def handle(self, inbound: Inbound, now: float) -> Effects:
+        """Append one line."""
+        msg = inbound.message
+        s = self.state
+        with s.lock:
+            if isinstance(msg, GlobalModel):
+                if msg.version <= s.version and msg.version != 0:
+                    return done(inbound)
+                s.version, s.tier_counts = msg.version, msg.tier_counts
+                s.bytes_up, s.bytes_down, s.late, s.updates = msg.bytes_up, msg.bytes_down, msg.late, msg.updates
+                last = s.evaluations[-1] if s.evaluations else {}
+                line = {
+                    "event": "global", "time": round(msg.created_at - s.started_at, 3), "version": msg.version,
+                    "tier": msg.tier, "tier_round": msg.tier_round, "tier_counts": list(msg.tier_counts),
+                    "tier_weights": [round(w, 4) for w in msg.tier_weights],
+                    "accuracy": last.get("accuracy"), "variance": last.get("variance"),
+                    "evaluated_version": last.get("version"),
+                    "bytes_up": msg.bytes_up, "bytes_down": msg.bytes_down, "late": msg.late, "updates": msg.updates,
+                }
+            else:
+                line = {
+                    "event": "evaluation", "time": round(msg.evaluated_at - s.started_at, 3), "version": msg.version,
+                    "accuracy": msg.accuracy, "loss": msg.loss, "variance": msg.variance,
+                    "bytes_up": s.bytes_up, "bytes_down": s.bytes_down,
+                }
+                s.evaluations.append(line)
+            self.out.write(json.dumps(line) + "\n")
+            self.out.flush()
+        return done(inbound)

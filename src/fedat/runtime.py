@@ -1,0 +1,39 @@
+"""Process plumbing shared by every service's `main()`: logging, signals, metrics endpoint, the run loop."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+
+from prometheus_client import CollectorRegistry
+
+from fedat.bus import BrokerConfig, run_service
+from fedat.metrics import TransportMetrics, serve
+from fedat.service import Service
+
+
+def setup_logging(service: str) -> None:
+    """Plain, greppable log lines on stderr."""
+    logging.basicConfig(
+        level=os.environ.get("FEDAT_LOG_LEVEL", "INFO"),
+        format=f"%(asctime)s {service} %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("pika").setLevel(logging.WARNING)
+
+
+def stop_on_signals() -> threading.Event:
+    """An event set by SIGTERM or SIGINT, so the loop closes its connection cleanly."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
+def serve_forever(
+    service: Service, broker: BrokerConfig, registry: CollectorRegistry, transport: TransportMetrics, metrics_port: int
+) -> None:
+    """Expose metrics, then run the service against the broker until signalled."""
+    serve(registry, metrics_port)
+    run_service(service, broker, transport, stop_on_signals())

@@ -1,0 +1,117 @@
+"""The broker topology: every exchange, queue, argument and binding, in one place.
+
+The names are a public contract (Helm chart, dashboards, clients in other languages rely on them); see
+`docs/architecture.md`. Declaring is idempotent: every service declares the whole topology at start-up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+TRAIN = "fedat.train"  # direct: routing key tier-<m> or "profile"
+RESULTS = "fedat.results"  # topic: routing key tier-<m> or "profile"
+TIER_MODELS = "fedat.tier-models"  # fanout
+GLOBAL = "fedat.global"  # fanout
+CONTROL = "fedat.control"  # fanout: tier assignments
+EVENTS = "fedat.events"  # fanout: evaluations
+DLX = "fedat.dlx"  # fanout: dead letters
+
+DEAD_LETTERS = "fedat.dead-letters"
+PROFILE_KEY = "profile"
+PROFILE_QUEUE = "fedat.train.profile"
+PROFILER_RESULTS = "fedat.profiler.results"
+AGGREGATOR_TIER_MODELS = "fedat.aggregator.tier-models"
+AGGREGATOR_GLOBAL = "fedat.aggregator.global"
+BARRIER_GLOBAL = "fedat.barrier.global"
+BARRIER_ASSIGNMENTS = "fedat.barrier.assignments"
+EVALUATOR_GLOBAL = "fedat.evaluator.global"
+RECORDER_GLOBAL = "fedat.recorder.global"
+RECORDER_EVENTS = "fedat.recorder.events"
+
+# Observers only need recent models; bounding them keeps an absent observer from filling the broker.
+OBSERVER_MAX_LENGTH = 8
+# A message that crashes its consumer this many times is dead-lettered by the broker (reason delivery_limit).
+DELIVERY_LIMIT = 5
+
+HEADER_REASON = "x-fedat-reason"
+HEADER_SOURCE_QUEUE = "x-fedat-queue"
+
+
+def tier_key(tier: int) -> str:
+    """Routing key of tier m (1 = fastest) on the train and results exchanges."""
+    return f"tier-{tier}"
+
+
+def train_queue(tier: int) -> str:
+    """Queue that workers of tier m consume train tasks from."""
+    return f"{TRAIN}.{tier_key(tier)}"
+
+
+def barrier_queue(tier: int) -> str:
+    """Queue holding tier m's client updates until the barrier closes the round."""
+    return f"fedat.barrier.{tier_key(tier)}"
+
+
+@dataclass(frozen=True)
+class Queue:
+    """One queue with its arguments and bindings (exchange, routing key)."""
+
+    name: str
+    bindings: tuple[tuple[str, str], ...]
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+
+def _work_queue(name: str, *bindings: tuple[str, str]) -> Queue:
+    # Quorum: survives broker restarts even for transient messages, counts deliveries, dead-letters poison.
+    return Queue(
+        name,
+        bindings,
+        {"x-queue-type": "quorum", "x-dead-letter-exchange": DLX, "x-delivery-limit": DELIVERY_LIMIT},
+    )
+
+
+def _observer_queue(name: str, *bindings: tuple[str, str]) -> Queue:
+    return Queue(name, bindings, {"x-queue-type": "quorum", "x-max-length": OBSERVER_MAX_LENGTH, "x-overflow": "drop-head"})
+
+
+EXCHANGES: dict[str, str] = {
+    TRAIN: "direct",
+    RESULTS: "topic",
+    TIER_MODELS: "fanout",
+    GLOBAL: "fanout",
+    CONTROL: "fanout",
+    EVENTS: "fanout",
+    DLX: "fanout",
+}
+
+
+def queues(num_tiers: int) -> tuple[Queue, ...]:
+    """Every queue of a deployment with num_tiers tiers."""
+    per_tier = []
+    for m in range(1, num_tiers + 1):
+        per_tier.append(_work_queue(train_queue(m), (TRAIN, tier_key(m))))
+        per_tier.append(_work_queue(barrier_queue(m), (RESULTS, tier_key(m))))
+    return (
+        *per_tier,
+        _work_queue(PROFILE_QUEUE, (TRAIN, PROFILE_KEY)),
+        _work_queue(PROFILER_RESULTS, (RESULTS, "#")),
+        _work_queue(AGGREGATOR_TIER_MODELS, (TIER_MODELS, "")),
+        _work_queue(AGGREGATOR_GLOBAL, (GLOBAL, "")),
+        _work_queue(BARRIER_GLOBAL, (GLOBAL, "")),
+        _work_queue(BARRIER_ASSIGNMENTS, (CONTROL, "")),
+        _observer_queue(EVALUATOR_GLOBAL, (GLOBAL, "")),
+        _observer_queue(RECORDER_GLOBAL, (GLOBAL, "")),
+        _work_queue(RECORDER_EVENTS, (EVENTS, "")),
+        Queue(DEAD_LETTERS, ((DLX, ""),), {"x-queue-type": "quorum"}),
+    )
+
+
+def declare(channel: Any, num_tiers: int) -> None:
+    """Declare all exchanges, queues and bindings on a pika channel (idempotent)."""
+    for name, kind in EXCHANGES.items():
+        channel.exchange_declare(exchange=name, exchange_type=kind, durable=True)
+    for q in queues(num_tiers):
+        channel.queue_declare(queue=q.name, durable=True, arguments=q.arguments)
+        for exchange, key in q.bindings:
+            channel.queue_bind(queue=q.name, exchange=exchange, routing_key=key)
