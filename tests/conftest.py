@@ -19,9 +19,9 @@ def _broker_answers() -> bool:
         return False
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def vhost_url():
-    """AMQP URL of a vhost that exists only for this test session."""
+    """AMQP URL of a vhost that exists only for this test (deleted afterwards, whatever happened)."""
     if not _broker_answers():
         pytest.fail("no RabbitMQ on 127.0.0.1:5672: run `make test`, which starts one (infra/ensure-broker.sh)")
     from fedat import broker_admin

@@ -29,7 +29,9 @@ def weighted_average(models: Sequence[Sequence[np.ndarray]], coefficients: Seque
         acc = np.zeros(shape, dtype=np.float64)
         for i, m in enumerate(models):
             if m[layer].shape != shape:
-                raise ValueError(f"weighted_average: layer {layer} of model {i} has shape {m[layer].shape}, expected {shape}")
+                raise ValueError(
+                    f"weighted_average: layer {layer} of model {i} has shape {m[layer].shape}, expected {shape}"
+                )
             if c[i]:
                 acc += c[i] * m[layer]
         out.append(acc.astype(np.float32))

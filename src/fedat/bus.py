@@ -60,13 +60,20 @@ def properties(msg: wire.Message, headers: dict | None = None) -> pika.BasicProp
 
 
 def publish_all(
-    channel, outgoing: Iterable[Outgoing], metrics: TransportMetrics | None = None, max_bytes: int = wire.MAX_MESSAGE_BYTES
+    channel,
+    outgoing: Iterable[Outgoing],
+    metrics: TransportMetrics | None = None,
+    max_bytes: int = wire.MAX_MESSAGE_BYTES,
 ) -> None:
     """Publish each message mandatory and persistent on a confirm channel; raises if any is unroutable or nacked."""
     for out in outgoing:
         body = wire.encode(out.message, max_bytes)  # over the limit raises here: never let the broker close us
         channel.basic_publish(
-            exchange=out.exchange, routing_key=out.routing_key, body=body, properties=properties(out.message), mandatory=True
+            exchange=out.exchange,
+            routing_key=out.routing_key,
+            body=body,
+            properties=properties(out.message),
+            mandatory=True,
         )
         if metrics:
             metrics.published.labels(out.message.kind).inc()
@@ -88,8 +95,9 @@ def publish_once(cfg: BrokerConfig, outgoing: Iterable[Outgoing]) -> None:
 class _Session:
     """One connection's worth of running a service."""
 
-    def __init__(self, conn, channel, service: Service, metrics: TransportMetrics, clock: Callable[[], float],
-                 max_bytes: int):
+    def __init__(
+        self, conn, channel, service: Service, metrics: TransportMetrics, clock: Callable[[], float], max_bytes: int
+    ):
         self.conn, self.channel, self.service, self.metrics, self.clock = conn, channel, service, metrics, clock
         self.max_bytes = max_bytes
         self.expected = service.subscriptions()
@@ -194,7 +202,9 @@ def run_service(
         except RECOVERABLE as exc:
             metrics.connected.set(0)
             metrics.reconnects.inc()
-            log.warning("%s lost the broker (%s: %s); reconnecting in %.1fs", service.name, type(exc).__name__, exc, backoff)
+            log.warning(
+                "%s lost the broker (%s: %s); reconnecting in %.1fs", service.name, type(exc).__name__, exc, backoff
+            )
             stop.wait(backoff)
             backoff = min(backoff * 2, cfg.max_backoff)
         finally:

@@ -78,9 +78,7 @@ def _check_precision(precision: int, name: str) -> int:
     try:
         p = operator.index(precision)
     except TypeError:
-        raise CodecError(
-            f"layer '{name}': precision must be an int, got {type(precision).__name__}"
-        ) from None
+        raise CodecError(f"layer '{name}': precision must be an int, got {type(precision).__name__}") from None
     if not MIN_PRECISION <= p <= MAX_PRECISION:
         raise CodecError(f"layer '{name}': precision {p} outside {MIN_PRECISION}..{MAX_PRECISION}")
     return p

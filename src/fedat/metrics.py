@@ -25,16 +25,31 @@ def transport_metrics(registry: CollectorRegistry, service: str) -> TransportMet
     """Define the shell's metrics in `registry`, labelled by queue or message kind, never by client."""
     return TransportMetrics(
         registry=registry,
-        consumed=Counter("fedat_messages_consumed_total", "Messages consumed, by queue and outcome",
-                         ["queue", "outcome"], registry=registry),
-        published=Counter("fedat_messages_published_total", "Messages published with confirms, by kind",
-                          ["kind"], registry=registry),
-        published_bytes=Counter("fedat_published_bytes_total", "Bytes published, by message kind",
-                                ["kind"], registry=registry),
-        dead_lettered=Counter("fedat_dead_lettered_total", "Messages sent to the dead-letter exchange, by source queue",
-                              ["queue"], registry=registry),
-        handle_seconds=Histogram("fedat_handle_seconds", "Handler time per message, by queue", ["queue"],
-                                 registry=registry, buckets=(0.001, 0.005, 0.02, 0.1, 0.5, 1, 2, 5, 10, 30)),
+        consumed=Counter(
+            "fedat_messages_consumed_total",
+            "Messages consumed, by queue and outcome",
+            ["queue", "outcome"],
+            registry=registry,
+        ),
+        published=Counter(
+            "fedat_messages_published_total", "Messages published with confirms, by kind", ["kind"], registry=registry
+        ),
+        published_bytes=Counter(
+            "fedat_published_bytes_total", "Bytes published, by message kind", ["kind"], registry=registry
+        ),
+        dead_lettered=Counter(
+            "fedat_dead_lettered_total",
+            "Messages sent to the dead-letter exchange, by source queue",
+            ["queue"],
+            registry=registry,
+        ),
+        handle_seconds=Histogram(
+            "fedat_handle_seconds",
+            "Handler time per message, by queue",
+            ["queue"],
+            registry=registry,
+            buckets=(0.001, 0.005, 0.02, 0.1, 0.5, 1, 2, 5, 10, 30),
+        ),
         reconnects=Counter("fedat_broker_reconnects_total", "Broker connection losses", registry=registry),
         connected=Gauge("fedat_broker_connected", f"1 while {service} holds a broker connection", registry=registry),
     )

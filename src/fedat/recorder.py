@@ -59,18 +59,31 @@ class Recorder:
                 s.bytes_up, s.bytes_down, s.late, s.updates = msg.bytes_up, msg.bytes_down, msg.late, msg.updates
                 last = s.evaluations[-1] if s.evaluations else {}
                 line = {
-                    "event": "global", "time": round(msg.created_at - s.started_at, 3), "version": msg.version,
-                    "tier": msg.tier, "tier_round": msg.tier_round, "tier_counts": list(msg.tier_counts),
+                    "event": "global",
+                    "time": round(msg.created_at - s.started_at, 3),
+                    "version": msg.version,
+                    "tier": msg.tier,
+                    "tier_round": msg.tier_round,
+                    "tier_counts": list(msg.tier_counts),
                     "tier_weights": [round(w, 4) for w in msg.tier_weights],
-                    "accuracy": last.get("accuracy"), "variance": last.get("variance"),
+                    "accuracy": last.get("accuracy"),
+                    "variance": last.get("variance"),
                     "evaluated_version": last.get("version"),
-                    "bytes_up": msg.bytes_up, "bytes_down": msg.bytes_down, "late": msg.late, "updates": msg.updates,
+                    "bytes_up": msg.bytes_up,
+                    "bytes_down": msg.bytes_down,
+                    "late": msg.late,
+                    "updates": msg.updates,
                 }
             else:
                 line = {
-                    "event": "evaluation", "time": round(msg.evaluated_at - s.started_at, 3), "version": msg.version,
-                    "accuracy": msg.accuracy, "loss": msg.loss, "variance": msg.variance,
-                    "bytes_up": s.bytes_up, "bytes_down": s.bytes_down,
+                    "event": "evaluation",
+                    "time": round(msg.evaluated_at - s.started_at, 3),
+                    "version": msg.version,
+                    "accuracy": msg.accuracy,
+                    "loss": msg.loss,
+                    "variance": msg.variance,
+                    "bytes_up": s.bytes_up,
+                    "bytes_down": s.bytes_down,
                 }
                 s.evaluations.append(line)
             self.out.write(json.dumps(line) + "\n")

@@ -45,6 +45,7 @@ class Experiment:
 
     def env(self) -> dict[str, str]:
         """The settings as FEDAT_* environment variables (lists become comma-separated)."""
+
         def text(v: Any) -> str:
             if isinstance(v, list | tuple):
                 return ",".join(text(x) for x in v)
@@ -132,17 +133,24 @@ def run(exp: Experiment, results: Path, minutes: float | None = None, amqp_url: 
         amqp_url = broker_admin.create_vhost(vhost)
     minutes = exp.minutes if minutes is None else minutes
     started = time.time()
-    env = {**os.environ, **exp.env(), "FEDAT_AMQP_URL": amqp_url, "FEDAT_RUN_START": str(started),
-           "TF_CPP_MIN_LOG_LEVEL": "2"}
-    (out / "experiment.json").write_text(json.dumps({"name": exp.name, "workers": exp.workers, "minutes": minutes,
-                                                    "settings": exp.settings}, indent=2))
+    env = {
+        **os.environ,
+        **exp.env(),
+        "FEDAT_AMQP_URL": amqp_url,
+        "FEDAT_RUN_START": str(started),
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+    }
+    (out / "experiment.json").write_text(
+        json.dumps({"name": exp.name, "workers": exp.workers, "minutes": minutes, "settings": exp.settings}, indent=2)
+    )
     procs = Processes(env, out / "logs")
     state = RunState(started_at=started)
     stop = threading.Event()
     events = open(out / "events.jsonl", "w")  # noqa: SIM115 — closed below
     broker = BrokerConfig(url=amqp_url, num_tiers=int(exp.settings.get("num_tiers", 5)), prefetch=16)
     recorder = threading.Thread(
-        target=run_service, args=(Recorder(state, events), broker, transport_metrics(_registry(), "recorder"), stop),
+        target=run_service,
+        args=(Recorder(state, events), broker, transport_metrics(_registry(), "recorder"), stop),
         daemon=True,
     )
     try:
@@ -199,8 +207,10 @@ def _registry():
 def _progress(s: RunState, elapsed: float) -> str:
     with s.lock:
         acc = s.evaluations[-1]["accuracy"] if s.evaluations else float("nan")
-        return (f"[fedat] {elapsed:6.0f}s  version {s.version:5d}  rounds per tier {list(s.tier_counts)}  "
-                f"accuracy {acc:.3f}  late {s.late}/{s.updates}")
+        return (
+            f"[fedat] {elapsed:6.0f}s  version {s.version:5d}  rounds per tier {list(s.tier_counts)}  "
+            f"accuracy {acc:.3f}  late {s.late}/{s.updates}"
+        )
 
 
 def summarize(exp: Experiment, s: RunState, wall: float) -> dict:
@@ -224,5 +234,7 @@ def summarize(exp: Experiment, s: RunState, wall: float) -> dict:
         "late_fraction": (s.late / s.updates) if s.updates else 0.0,
         "wall_seconds": round(wall, 1),
         "evaluations": len(evals),
-        "latency_model": {k: exp.settings.get(k) for k in ("time_scale", "device_factor", "delays", "unstable_clients")},
+        "latency_model": {
+            k: exp.settings.get(k) for k in ("time_scale", "device_factor", "delays", "unstable_clients")
+        },
     }

@@ -72,7 +72,9 @@ def _work_queue(name: str, *bindings: tuple[str, str]) -> Queue:
 
 
 def _observer_queue(name: str, *bindings: tuple[str, str]) -> Queue:
-    return Queue(name, bindings, {"x-queue-type": "quorum", "x-max-length": OBSERVER_MAX_LENGTH, "x-overflow": "drop-head"})
+    return Queue(
+        name, bindings, {"x-queue-type": "quorum", "x-max-length": OBSERVER_MAX_LENGTH, "x-overflow": "drop-head"}
+    )
 
 
 EXCHANGES: dict[str, str] = {

@@ -336,7 +336,9 @@ def _layer(name: str, v: Any) -> Layer:
         data=data,
     )
     if layer.codec == "raw" and len(data) != 4 * layer.size:
-        raise WireError(f"field '{name}.data': raw layer of shape {list(shape)} needs {4 * layer.size} bytes, got {len(data)}")
+        raise WireError(
+            f"field '{name}.data': raw layer of shape {list(shape)} needs {4 * layer.size} bytes, got {len(data)}"
+        )
     return layer
 
 

@@ -65,7 +65,9 @@ class Aggregator:
         if not 1 <= tm.tier <= self.cfg.num_tiers:
             raise Reject(f"tier-model {tm.id}: tier {tm.tier} outside 1..{self.cfg.num_tiers}")
         if tm.round <= self.rounds[tm.tier - 1]:
-            raise Reject(f"stale round: tier {tm.tier} round {tm.round} already merged (last {self.rounds[tm.tier - 1]})")
+            raise Reject(
+                f"stale round: tier {tm.tier} round {tm.round} already merged (last {self.rounds[tm.tier - 1]})"
+            )
         model = decode_model(tm.layers)
         reference = next((w for w in self.tier_models if w is not None), None)
         if reference is not None and [a.shape for a in model] != [a.shape for a in reference]:

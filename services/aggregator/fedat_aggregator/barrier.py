@@ -15,8 +15,17 @@ import numpy as np
 
 from fedat import topology
 from fedat.service import NOTHING, Effects, Inbound, Outgoing, Reject, done
-from fedat.tiering import Tiers
-from fedat.wire import GlobalModel, TierAssignment, TierModel, TrainTask, Update, decode_model, encode_model, model_bytes
+from fedat.wire import (
+    GlobalModel,
+    TierAssignment,
+    TierModel,
+    TrainTask,
+    Update,
+    WireError,
+    decode_model,
+    encode_model,
+    model_bytes,
+)
 from fedat_aggregator.strategy import Strategy
 
 
@@ -42,6 +51,7 @@ class BarrierConfig:
 @dataclass
 class _Arrival:
     update: Update
+    weights: list[np.ndarray]
     tag: int
     effective: float
 
@@ -139,24 +149,37 @@ class Barrier:
         if rnd.tasks.get(u.client) != u.task_id:
             raise Reject(f"client {u.client} was not given task {u.task_id} in tier {u.tier} round {u.round}")
         if u.base_version != rnd.base_version:
-            raise Reject(f"update {u.id} trained on version {u.base_version}, round {rnd.number} used {rnd.base_version}")
+            raise Reject(
+                f"update {u.id} trained on version {u.base_version}, round {rnd.number} used {rnd.base_version}"
+            )
         if u.client in rnd.arrivals:
             rnd.extra_tags.append(inbound.tag)  # a redelivered duplicate: counted once, acked at close
             if self.metrics:
                 self.metrics.duplicates.labels(str(u.tier)).inc()
             return NOTHING
-        self._check_shapes(u)
-        rnd.arrivals[u.client] = _Arrival(u, inbound.tag, max(now, u.not_before))
+        rnd.arrivals[u.client] = _Arrival(u, self._decode_checked(u), inbound.tag, max(now, u.not_before))
         if len(rnd.arrivals) == len(rnd.tasks):
             last = max(a.effective for a in rnd.arrivals.values())
-            return self._close(rnd, now) if last <= now else Effects(timers=((last - now, f"close:{rnd.tier}:{rnd.number}"),))
+            return (
+                self._close(rnd, now)
+                if last <= now
+                else Effects(timers=((last - now, f"close:{rnd.tier}:{rnd.number}"),))
+            )
         return NOTHING
 
-    def _check_shapes(self, u: Update) -> None:
-        want = [layer.shape for layer in self.model.layers] if self.model else None
+    def _decode_checked(self, u: Update) -> list[np.ndarray]:
+        want = [layer.shape for layer in self.model.layers]
         got = [layer.shape for layer in u.layers]
-        if want is not None and got != want:
+        if got != want:
             raise Reject(f"update {u.id}: layer shapes {got} do not match the global model's {want}")
+        try:
+            weights = decode_model(u.layers)
+        except WireError as exc:
+            raise Reject(f"update {u.id}: {exc}") from None
+        for layer, w in zip(u.layers, weights, strict=True):
+            if not np.isfinite(w).all():
+                raise Reject(f"update {u.id}: layer '{layer.name}' contains NaN or inf")
+        return weights
 
     def on_timer(self, key: str, now: float) -> Effects:
         """Round deadlines and deferred closes (key 'deadline:<tier>:<round>' or 'close:<tier>:<round>')."""
@@ -252,7 +275,7 @@ class Barrier:
     def _close(self, rnd: _Round, now: float) -> Effects:
         included = sorted((a for a in rnd.arrivals.values() if a.effective <= now), key=lambda a: a.update.client)
         late_tags = [a.tag for a in rnd.arrivals.values() if a.effective > now]
-        models = [decode_model(a.update.layers) for a in included]
+        models = [a.weights for a in included]
         merged = self.strategy.merge_tier(models, [a.update.n_samples for a in included])
         names = [layer.name for layer in included[0].update.layers]
         tier_model = TierModel(
@@ -276,4 +299,3 @@ class Barrier:
             self.metrics.updates_merged.labels(str(rnd.tier)).inc(len(included))
         acks = tuple(a.tag for a in included) + tuple(late_tags) + tuple(rnd.extra_tags)
         return Effects(publish=(Outgoing(topology.TIER_MODELS, "", tier_model),), ack=acks)
-

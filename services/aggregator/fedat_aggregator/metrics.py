@@ -29,14 +29,22 @@ def barrier_metrics() -> BarrierMetrics:
         transport=transport_metrics(r, "barrier"),
         rounds_opened=Counter("fedat_tier_rounds_opened_total", "Tier rounds opened", ["tier"], registry=r),
         rounds_closed=Counter("fedat_tier_rounds_closed_total", "Tier rounds closed and merged", ["tier"], registry=r),
-        round_seconds=Histogram("fedat_tier_round_seconds", "Wall time from opening to closing a tier round", ["tier"],
-                                registry=r, buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300)),
-        updates_merged=Counter("fedat_tier_updates_merged_total", "Client updates merged into tier models", ["tier"],
-                               registry=r),
-        duplicates=Counter("fedat_barrier_duplicate_updates_total", "Redelivered updates counted once", ["tier"],
-                           registry=r),
-        reissues=Counter("fedat_tier_round_reissues_total", "Rounds below the minimum at their deadline", ["tier"],
-                         registry=r),
+        round_seconds=Histogram(
+            "fedat_tier_round_seconds",
+            "Wall time from opening to closing a tier round",
+            ["tier"],
+            registry=r,
+            buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300),
+        ),
+        updates_merged=Counter(
+            "fedat_tier_updates_merged_total", "Client updates merged into tier models", ["tier"], registry=r
+        ),
+        duplicates=Counter(
+            "fedat_barrier_duplicate_updates_total", "Redelivered updates counted once", ["tier"], registry=r
+        ),
+        reissues=Counter(
+            "fedat_tier_round_reissues_total", "Rounds below the minimum at their deadline", ["tier"], registry=r
+        ),
     )
 
 
@@ -57,7 +65,9 @@ def aggregator_metrics() -> AggregatorMetrics:
     return AggregatorMetrics(
         transport=transport_metrics(r, "aggregator"),
         merges=Counter("fedat_global_merges_total", "Tier models merged into the global model", ["tier"], registry=r),
-        duplicates=Counter("fedat_aggregator_duplicate_tier_models_total", "Redelivered tier models ignored", registry=r),
+        duplicates=Counter(
+            "fedat_aggregator_duplicate_tier_models_total", "Redelivered tier models ignored", registry=r
+        ),
         version=Gauge("fedat_global_model_version", "Version of the latest global model", registry=r),
         tier_weight=Gauge("fedat_tier_weight_ratio", "Current cross-tier weight of each tier", ["tier"], registry=r),
     )

@@ -47,7 +47,9 @@ def main() -> None:
     setup_logging("profiler")
     s = settings(os.environ)
     metrics = profiler_metrics()
-    serve_forever(Profiler(s.profiler, metrics), s.broker, metrics.transport.registry, metrics.transport, s.metrics_port)
+    serve_forever(
+        Profiler(s.profiler, metrics), s.broker, metrics.transport.registry, metrics.transport, s.metrics_port
+    )
 
 
 if __name__ == "__main__":

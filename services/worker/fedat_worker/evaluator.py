@@ -62,7 +62,12 @@ class Evaluator:
             self.metrics.version.set(g.version)
             self.metrics.seconds.observe(self.clock() - started)
         ev = Evaluation(
-            id=f"e{g.version}", version=g.version, accuracy=acc, loss=loss, variance=var,
-            n_clients=len(self.tests), evaluated_at=self.clock(),
+            id=f"e{g.version}",
+            version=g.version,
+            accuracy=acc,
+            loss=loss,
+            variance=var,
+            n_clients=len(self.tests),
+            evaluated_at=self.clock(),
         )
         return done(inbound, Outgoing(topology.EVENTS, "", ev))

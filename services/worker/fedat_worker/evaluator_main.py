@@ -22,8 +22,9 @@ def main() -> None:
     clients, _, trainer = build(workload, config.get_int(env, "FEDAT_TF_THREADS", 1))
     metrics = evaluator_metrics()
     service = Evaluator(cfg, clients, trainer, time.time, metrics)
-    serve_forever(service, broker, metrics.transport.registry, metrics.transport,
-                  config.get_int(env, "FEDAT_METRICS_PORT", 9105))
+    serve_forever(
+        service, broker, metrics.transport.registry, metrics.transport, config.get_int(env, "FEDAT_METRICS_PORT", 9105)
+    )
 
 
 if __name__ == "__main__":

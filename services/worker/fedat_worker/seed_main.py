@@ -20,8 +20,18 @@ def seed_model(weights, names, num_tiers: int, codec: str, precision: int, now: 
     """The version-0 global model: no tier has reported, every weight is 0."""
     zeros = (0,) * num_tiers
     return GlobalModel(
-        id="g0", version=0, tier=0, tier_round=0, tier_rounds=zeros, tier_counts=zeros,
-        tier_weights=(0.0,) * num_tiers, bytes_up=0, bytes_down=0, late=0, updates=0, created_at=now,
+        id="g0",
+        version=0,
+        tier=0,
+        tier_round=0,
+        tier_rounds=zeros,
+        tier_counts=zeros,
+        tier_weights=(0.0,) * num_tiers,
+        bytes_up=0,
+        bytes_down=0,
+        late=0,
+        updates=0,
+        created_at=now,
         layers=encode_model(weights, names, codec, precision),
     )
 
@@ -37,8 +47,14 @@ def main() -> None:
 
     clients, num_classes = load_clients(workload)
     model = build_model(workload.model, tuple(clients[0].x_train.shape[1:]), num_classes, seed=workload.seed)
-    msg = seed_model(model.get_weights(), weight_names(model), broker.num_tiers,
-                     config.get_str(env, "FEDAT_CODEC", "polyline"), config.get_int(env, "FEDAT_PRECISION", 4), time.time())
+    msg = seed_model(
+        model.get_weights(),
+        weight_names(model),
+        broker.num_tiers,
+        config.get_str(env, "FEDAT_CODEC", "polyline"),
+        config.get_int(env, "FEDAT_PRECISION", 4),
+        time.time(),
+    )
     publish_once(broker, [Outgoing(topology.GLOBAL, "", msg)])
     log.info("published the seed model (%d layers)", len(msg.layers))
 

@@ -35,8 +35,17 @@ class Worker:
 
     name = "worker"
 
-    def __init__(self, cfg: WorkerConfig, clients, trainer, names: list[str], initial: list[np.ndarray],
-                 profiles: tuple[ClientProfile, ...], clock: Callable[[], float], metrics=None):
+    def __init__(
+        self,
+        cfg: WorkerConfig,
+        clients,
+        trainer,
+        names: list[str],
+        initial: list[np.ndarray],
+        profiles: tuple[ClientProfile, ...],
+        clock: Callable[[], float],
+        metrics=None,
+    ):
         self.cfg, self.clients, self.trainer, self.names = cfg, clients, trainer, names
         self.initial, self.profiles, self.clock, self.metrics = initial, profiles, clock, metrics
         self.shapes = [a.shape for a in initial]
@@ -70,8 +79,13 @@ class Worker:
         data = self.clients[task.client]
         started = self.clock()
         result = self.trainer.train(
-            weights, data.x_train, data.y_train, epochs=task.epochs, prox_lambda=task.prox_lambda,
-            seed=zlib.crc32(task.id.encode()), learning_rate=task.learning_rate,
+            weights,
+            data.x_train,
+            data.y_train,
+            epochs=task.epochs,
+            prox_lambda=task.prox_lambda,
+            seed=zlib.crc32(task.id.encode()),
+            learning_rate=task.learning_rate,
         )
         finished = self.clock()
         ts = self.cfg.straggler.time_scale
@@ -111,5 +125,7 @@ class Worker:
         except WireError as exc:
             raise Reject(f"task {task.id}: {exc}") from None
         if [w.shape for w in weights] != self.shapes:
-            raise Reject(f"task {task.id}: layer shapes {[w.shape for w in weights]} do not match the model's {self.shapes}")
+            raise Reject(
+                f"task {task.id}: layer shapes {[w.shape for w in weights]} do not match the model's {self.shapes}"
+            )
         return weights

@@ -30,7 +30,7 @@ class Settings:
 
 
 def straggler_from_env(env: Mapping[str, str]) -> StragglerProfile:
-    """FEDAT_TIME_SCALE, FEDAT_DEVICE_FACTOR (lo,hi), FEDAT_UNSTABLE_CLIENTS, FEDAT_DROP_WINDOW (lo,hi), FEDAT_DELAYS."""
+    """The latency model from FEDAT_TIME_SCALE, _DEVICE_FACTOR, _DELAYS, _UNSTABLE_CLIENTS, _DROP_WINDOW."""
     d = StragglerProfile()
     flat = config.get_floats(env, "FEDAT_DELAYS", tuple(x for pair in PAPER_DELAYS for x in pair))
     if len(flat) % 2:

@@ -1,0 +1,191 @@
+"""Pipeline benchmarks, side by side in one run: training through the broker vs the bare trainer, and the
+aggregator side (barrier + global aggregator) merge rate for the paper's CNN. Uses a fresh vhost, deleted after."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fedat import broker_admin, topology  # noqa: E402
+from fedat.wire import TrainTask, Update, encode_model  # noqa: E402
+from tests.integration.broker import fetch, fetch_n, publish, running  # noqa: E402
+from tests.integration.test_pipeline import start_tier  # noqa: E402
+
+N_TASKS = 16
+EPOCHS = 1
+CNN_SHAPES = [(3, 3, 1, 32), (32,), (3, 3, 32, 64), (64,), (3, 3, 64, 64), (64,), (576, 64), (64,), (64, 10), (10,)]
+ENV = {
+    "FEDAT_NUM_CLIENTS": "100",
+    "FEDAT_MODEL": "cnn",
+    "FEDAT_TIME_SCALE": "0",
+    "FEDAT_NUM_TIERS": "1",
+    "FEDAT_METRICS_PORT": "0",
+    "FEDAT_PROFILE_QUEUE": "0",
+    "TF_CPP_MIN_LOG_LEVEL": "2",
+}
+
+
+def bare() -> None:
+    """Subprocess mode: time N_TASKS trainings with the bare trainer (after one warm-up)."""
+    from fedat_worker.workload import build, workload_from_env
+
+    clients, model, trainer = build(workload_from_env({**os.environ}), 1)
+    w = model.get_weights()
+    c = clients[0]
+    trainer.train(w, c.x_train, c.y_train, epochs=EPOCHS, prox_lambda=0.4, seed=0)
+    t0 = time.perf_counter()
+    for i in range(N_TASKS):
+        trainer.train(w, clients[i].x_train, clients[i].y_train, epochs=EPOCHS, prox_lambda=0.4, seed=i)
+    print(N_TASKS * EPOCHS / (time.perf_counter() - t0))
+
+
+def cnn_layers(rng, codec="polyline"):
+    weights = [rng.normal(0, 0.05, s).astype(np.float32) for s in CNN_SHAPES]
+    return encode_model(weights, [f"l{i}" for i in range(len(weights))], codec, 4)
+
+
+def through_pipeline(url: str) -> float:
+    """Client-epochs/s of one worker process fed N_TASKS tasks through the broker (after one warm-up task)."""
+    layers = cnn_layers(np.random.default_rng(0))
+    env = {**os.environ, **ENV, "FEDAT_AMQP_URL": url}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fedat_worker.worker_main"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+
+        def task(i):
+            return TrainTask(
+                id=f"t1-r{i}-c{i}-v0",
+                client=i,
+                tier=1,
+                round=i,
+                version=0,
+                epochs=EPOCHS,
+                batch_size=10,
+                learning_rate=1e-3,
+                prox_lambda=0.4,
+                codec="polyline",
+                precision=4,
+                sent_at=time.time(),
+                layers=layers,
+            )
+
+        publish(url, topology.TRAIN, topology.tier_key(1), task(N_TASKS), 1)  # warm-up: start-up and tracing
+        fetch_n(url, topology.barrier_queue(1), 1, timeout=300)
+        for i in range(N_TASKS):
+            publish(url, topology.TRAIN, topology.tier_key(1), task(i), 1)
+        t0 = time.perf_counter()
+        fetch_n(url, topology.barrier_queue(1), N_TASKS, timeout=600)
+        return N_TASKS * EPOCHS / (time.perf_counter() - t0)
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def aggregator_side(url: str, rounds: int = 20, per_round: int = 10) -> float:
+    """Updates/s merged by barrier + aggregator for CNN-sized polyline updates answered instantly."""
+    from fedat_aggregator.aggregator import Aggregator, AggregatorConfig
+    from fedat_aggregator.barrier import Barrier, BarrierConfig
+    from fedat_aggregator.strategy import STRATEGIES
+
+    rng = np.random.default_rng(1)
+    payload = cnn_layers(rng)
+    b = Barrier(
+        BarrierConfig(tiers=(1,), clients_per_round=per_round, min_clients=per_round, min_deadline=60),
+        STRATEGIES["fedat"],
+    )
+    a = Aggregator(AggregatorConfig(num_tiers=1), STRATEGIES["fedat"])
+    from tests.integration import test_pipeline as tp
+
+    tp.SHAPES[:] = CNN_SHAPES  # the seed model must have the CNN's shapes
+    tp.NAMES[:] = [f"l{i}" for i in range(len(CNN_SHAPES))]
+    stop = threading.Event()
+
+    def fake_clients():
+        import pika
+
+        conn = pika.BlockingConnection(pika.URLParameters(url))
+        ch = conn.channel()
+        ch.confirm_delivery()
+        while not stop.is_set():
+            method, _, body = ch.basic_get(topology.train_queue(1), auto_ack=True)
+            if method is None:
+                time.sleep(0.005)
+                continue
+            from fedat import wire
+
+            t = wire.decode(body)
+            u = Update(
+                id=f"u-{t.id}",
+                task_id=t.id,
+                client=t.client,
+                tier=1,
+                round=t.round,
+                base_version=t.version,
+                n_samples=480,
+                loss=0.1,
+                dispatched_at=t.sent_at,
+                started_at=t.sent_at,
+                finished_at=time.time(),
+                train_seconds=0.0,
+                not_before=0.0,
+                late=False,
+                layers=payload,
+            )
+            ch.basic_publish(topology.RESULTS, topology.tier_key(1), wire.encode(u), mandatory=True)
+        conn.close()
+
+    with running(b, url, 1, prefetch=200), running(a, url, 1):
+        th = threading.Thread(target=fake_clients, daemon=True)
+        th.start()
+        start_tier(url, tuple(range(100)))
+        t0 = time.perf_counter()
+        seen = 0
+        while seen < rounds:
+            g = fetch(url, topology.RECORDER_GLOBAL, timeout=120)
+            assert g is not None, "aggregator produced nothing"
+            seen = max(seen, g.version)
+        elapsed = time.perf_counter() - t0
+        stop.set()
+    return rounds * per_round / elapsed
+
+
+def main() -> None:
+    """Print both tables."""
+    if len(sys.argv) > 1 and sys.argv[1] == "bare":
+        bare()
+        return
+    name = f"fedat-bench-{uuid.uuid4().hex[:8]}"
+    url = broker_admin.create_vhost(name)
+    try:
+        env = {**os.environ, **ENV}
+        bare_rate = float(
+            subprocess.run([sys.executable, __file__, "bare"], env=env, capture_output=True, text=True, check=True)
+            .stdout.strip()
+            .splitlines()[-1]
+        )
+        pipe_rate = through_pipeline(url)
+        print("\n## Training throughput, CNN, 480 samples, batch 10, E=1, one process, 1 thread\n")
+        print("| path | client-epochs/s |\n|---|---:|")
+        print(f"| bare LocalTrainer | {bare_rate:.2f} |\n| through the broker (worker process) | {pipe_rate:.2f} |")
+        print(f"| **ratio pipeline / bare** | **{pipe_rate / bare_rate:.0%}** (target >= 85%) |")
+        agg = aggregator_side(url)
+        print("\n## Aggregator side (barrier + global aggregator), CNN updates, polyline p=4\n")
+        print(f"| updates merged/s | {agg:.0f} | (target >= 100) |\n|---|---:|---|")
+    finally:
+        broker_admin.delete_vhost(name)
+
+
+if __name__ == "__main__":
+    main()

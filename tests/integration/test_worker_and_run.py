@@ -1,0 +1,114 @@
+"""A real worker process (TensorFlow) killed mid-task, and a short end-to-end FedAT run through `fedat run`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from fedat import topology
+
+from .broker import fetch, queue_counts, running
+from .test_pipeline import aggregator, barrier, start_tier
+
+pytestmark = [pytest.mark.broker, pytest.mark.tf, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def worker_env(url: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "FEDAT_AMQP_URL": url,
+        "FEDAT_NUM_TIERS": "1",
+        "FEDAT_NUM_CLIENTS": "4",
+        "FEDAT_SAMPLES_PER_CLIENT": "40",
+        "FEDAT_MODEL": "logreg",
+        "FEDAT_METRICS_PORT": "0",
+        "FEDAT_PROFILE_QUEUE": "0",
+        "FEDAT_DEVICE_FACTOR": "1,1",
+        "FEDAT_TIME_SCALE": "0",
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+    }
+
+
+def start_worker(url: str) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "fedat_worker.worker_main"],
+        env=worker_env(url),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def test_a_worker_killed_mid_task_loses_nothing_and_counts_nothing_twice(vhost_url):
+    queue = topology.train_queue(1)
+    # Enough epochs that the task is surely still training when the worker is killed.
+    with (
+        running(barrier(clients_per_round=2, min_clients=2, epochs=3000, batch_size=10), vhost_url, 1),
+        running(aggregator(), vhost_url, 1),
+    ):
+        start_tier(vhost_url, (0, 1, 2, 3))
+        first = start_worker(vhost_url)
+        try:
+            wait_for(lambda: queue_counts(vhost_url).get(queue, (0, 0))[1] >= 1, 120, "the worker to take a task")
+            os.kill(first.pid, signal.SIGKILL)
+            first.wait(timeout=10)
+            # The killed worker's task is back in the queue: both tasks are ready again.
+            wait_for(lambda: queue_counts(vhost_url).get(queue, (0, 0)) == (2, 0), 30, "the task to be requeued")
+        finally:
+            if first.poll() is None:
+                first.kill()
+        second = start_worker(vhost_url)
+        try:
+            fetch(vhost_url, topology.RECORDER_GLOBAL)  # the seed
+            g = fetch(vhost_url, topology.RECORDER_GLOBAL, timeout=240)
+            assert g is not None, "no global model after the restart"
+            assert g.version == 1 and g.updates == 2 and g.tier_counts == (1,)
+            assert fetch(vhost_url, topology.DEAD_LETTERS, timeout=1) is None
+        finally:
+            second.send_signal(signal.SIGTERM)
+            second.wait(timeout=30)
+
+
+def test_a_short_fedat_run_learns_clearly_above_chance(tmp_path):
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedat.cli",
+            "run",
+            str(ROOT / "experiments" / "smoke.yaml"),
+            "--minutes",
+            "1.5",
+            "--results",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=420,
+    )
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    (run,) = tmp_path.iterdir()
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["global_updates"] >= 10, summary
+    assert summary["best_accuracy"] > 0.35, summary  # 10 classes: chance is 0.1
+    assert all(n > 0 for n in summary["tier_rounds"]), summary
+    lines = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
+    assert sum(e["event"] == "global" for e in lines) == summary["global_updates"]
+    assert (run / "accuracy_vs_time.png").stat().st_size > 0 and (run / "accuracy_vs_bytes.png").stat().st_size > 0
