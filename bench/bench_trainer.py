@@ -36,8 +36,9 @@ def main(argv: list[str] | None = None) -> None:
     from fedat_worker.models import build_model, configure_threads
 
     configure_threads(args.threads)  # must precede any TF op
-    from fedat_worker.trainer import LocalTrainer
     from tensorflow import keras
+
+    from fedat_worker.trainer import LocalTrainer
 
     rng = np.random.default_rng(SEED)
     x = rng.random((N_TRAIN, *SHAPE), dtype=np.float32)

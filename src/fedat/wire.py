@@ -321,7 +321,7 @@ def _layer(name: str, v: Any) -> Layer:
     if missing:
         raise WireError(f"field '{name}': missing {sorted(missing)}")
     shape = _int_tuple(f"{name}.shape", v["shape"])
-    if len(shape) > 8 or math.prod(shape) > MAX_LAYER_ELEMENTS:
+    if len(shape) > 8 or any(d > MAX_LAYER_ELEMENTS for d in shape) or math.prod(shape) > MAX_LAYER_ELEMENTS:
         raise WireError(f"field '{name}.shape': {list(shape)} is too large")
     if v["dtype"] != "float32":
         raise WireError(f"field '{name}.dtype': only 'float32' is supported, got {v['dtype']!r}")
@@ -404,7 +404,7 @@ def decode(data: bytes, expect: type | None = None, max_bytes: int = MAX_MESSAGE
         raise WireError(f"message: not valid msgpack ({type(exc).__name__}: {exc})") from None
     if not isinstance(body, dict):
         raise WireError(f"message: expected a map at the top level, got {type(body).__name__}")
-    if body.get("v") != SCHEMA_VERSION:
+    if type(body.get("v")) is not int or body["v"] != SCHEMA_VERSION:
         raise WireError(f"field 'v': unsupported schema version {body.get('v')!r} (expected {SCHEMA_VERSION})")
     kind = body.get("kind")
     cls = KINDS.get(kind) if isinstance(kind, str) else None

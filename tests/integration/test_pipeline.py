@@ -6,14 +6,14 @@ import time
 
 import numpy as np
 import pytest
-from fedat_aggregator.aggregator import Aggregator, AggregatorConfig
-from fedat_aggregator.barrier import Barrier, BarrierConfig
-from fedat_aggregator.strategy import STRATEGIES
-from fedat_profiler.profiler import Profiler, ProfilerConfig
 
 from fedat import topology
 from fedat.tiering import tier_of
 from fedat.wire import GlobalModel, TierAssignment, TrainTask, Update, decode_model, encode_model
+from fedat_aggregator.aggregator import Aggregator, AggregatorConfig
+from fedat_aggregator.barrier import Barrier, BarrierConfig
+from fedat_aggregator.strategy import STRATEGIES
+from fedat_profiler.profiler import Profiler, ProfilerConfig
 
 from .broker import fetch, fetch_n, publish, queue_types, running
 

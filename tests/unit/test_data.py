@@ -12,6 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from fedat_worker import data
 from fedat_worker.data import (
     LOADERS,
@@ -32,8 +35,6 @@ from fedat_worker.data import (
     read_idx,
     tokenize,
 )
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 FMNIST_ROOT = Path("/usr/share/datasets/fashion-mnist")
 

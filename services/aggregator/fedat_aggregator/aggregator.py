@@ -8,7 +8,7 @@ from fedat import topology
 from fedat.aggregate import Weights
 from fedat.service import Effects, Inbound, Outgoing, Reject, done
 from fedat.wire import GlobalModel, TierModel, decode_model, encode_model
-from fedat_aggregator.strategy import Strategy
+from fedat_aggregator.strategy import CrossTier, Strategy
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,7 @@ class Aggregator:
         self.version = 0
         self.names: list[str] | None = None
         self.tier_models: list[Weights | None] = [None] * m
+        self.global_model: Weights | None = None
         self.counts = [0] * m
         self.rounds = [0] * m
         self.seen: set[str] = set()
@@ -54,6 +55,7 @@ class Aggregator:
         if isinstance(msg, GlobalModel):
             if msg.version == 0 and self.names is None:
                 self.names = [layer.name for layer in msg.layers]
+                self.global_model = decode_model(msg.layers)
             return done(inbound)  # our own outputs come back here too: nothing to do
         return self._merge(inbound, msg, now)
 
@@ -76,7 +78,11 @@ class Aggregator:
         self.tier_models[i] = model
         self.counts[i] += 1
         self.rounds[i] = tm.round
-        merged, weights = self.strategy.merge_global(self.tier_models, self.counts)
+        view = CrossTier(
+            self.global_model, tuple(self.tier_models), tuple(self.counts), i, self.version - tm.base_version
+        )
+        merged, weights = self.strategy.merge_global(view)
+        self.global_model = merged
         self.version += 1
         self.seen.add(tm.id)
         for key in ("bytes_up", "bytes_down", "late"):

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
 from fedat.aggregate import Weights, fedat_tier_weights, sample_weighted_average, uniform_tier_weights, weighted_average
+
+
+@dataclass(frozen=True)
+class CrossTier:
+    """What the aggregator knows when a tier model arrives (already stored and counted)."""
+
+    global_model: Weights | None
+    tier_models: tuple[Weights | None, ...]
+    counts: tuple[int, ...]
+    arrived: int  # index of the tier that just reported (0 = fastest)
+    staleness: int  # global versions published since the arrival's base version
 
 
 class Strategy(Protocol):
@@ -24,8 +35,8 @@ class Strategy(Protocol):
         """Synchronous merge of one round's client models."""
         ...
 
-    def merge_global(self, tier_models: Sequence[Weights | None], counts: Sequence[int]) -> tuple[Weights, np.ndarray]:
-        """Cross-tier merge of the latest tier models given each tier's update count; returns (model, weights)."""
+    def merge_global(self, view: CrossTier) -> tuple[Weights, np.ndarray]:
+        """The new global model and the weight each tier's model got in it."""
         ...
 
 
@@ -39,7 +50,7 @@ class TierWeighted:
     """FedAT: random clients per tier, sample-weighted tier merge, cross-tier weights from update counts."""
 
     name: str
-    weigh: object  # Callable[[Sequence[int]], np.ndarray]
+    weigh: Callable[[Sequence[int]], np.ndarray]
 
     def select_clients(self, candidates: Sequence[int], k: int, rng: np.random.Generator) -> list[int]:
         """Uniformly random k of the tier's clients."""
@@ -49,13 +60,14 @@ class TierWeighted:
         """Sample-weighted average."""
         return sample_weighted_average(models, n_samples)
 
-    def merge_global(self, tier_models: Sequence[Weights | None], counts: Sequence[int]) -> tuple[Weights, np.ndarray]:
+    def merge_global(self, view: CrossTier) -> tuple[Weights, np.ndarray]:
         """Weighted average of the reported tiers' models."""
-        w = self.weigh(counts)
-        present = [i for i, m in enumerate(tier_models) if m is not None and w[i] > 0]
-        if not present:
+        w = self.weigh(view.counts) * np.array([m is not None for m in view.tier_models])
+        if w.sum() <= 0:
             raise ValueError("merge_global: no tier has reported")
-        return weighted_average([tier_models[i] for i in present], [w[i] for i in present]), w
+        w = w / w.sum()
+        present = np.flatnonzero(w > 0)
+        return weighted_average([view.tier_models[i] for i in present], w[present]), w
 
 
 STRATEGIES: dict[str, Strategy] = {

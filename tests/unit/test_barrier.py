@@ -1,0 +1,157 @@
+"""The barrier's round logic, driven directly (no broker): what it publishes, holds, acks and dead-letters."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedat import topology
+from fedat.service import Inbound, Reject
+from fedat.wire import GlobalModel, TierAssignment, TrainTask, Update, decode_model, encode_model
+from fedat_aggregator.barrier import Barrier, BarrierConfig
+from fedat_aggregator.strategy import STRATEGIES
+
+SHAPES = [(2,)]
+
+
+class Feed:
+    """Hands the barrier messages with increasing delivery tags."""
+
+    def __init__(self, barrier: Barrier):
+        self.barrier, self.tag = barrier, 0
+
+    def __call__(self, queue: str, msg, now: float = 0.0):
+        self.tag += 1
+        return self.barrier.handle(Inbound(queue, msg, self.tag, False, 0), now)
+
+
+def seed_model(version=0, tier=0, tier_round=0, rounds=(0,)):
+    layers = encode_model([np.zeros(s, np.float32) for s in SHAPES], ["w"], "raw")
+    return GlobalModel(
+        id=f"g{version}",
+        version=version,
+        tier=tier,
+        tier_round=tier_round,
+        tier_rounds=rounds,
+        tier_counts=rounds,
+        tier_weights=(0.0,),
+        bytes_up=0,
+        bytes_down=0,
+        late=0,
+        updates=0,
+        created_at=0.0,
+        layers=layers,
+    )
+
+
+def update(task: TrainTask, value: float, n: int = 1, not_before: float = 0.0) -> Update:
+    return Update(
+        id=f"u-{task.id}",
+        task_id=task.id,
+        client=task.client,
+        tier=task.tier,
+        round=task.round,
+        base_version=task.version,
+        n_samples=n,
+        loss=0.0,
+        dispatched_at=0.0,
+        started_at=0.0,
+        finished_at=0.0,
+        train_seconds=0.0,
+        not_before=not_before,
+        late=False,
+        layers=encode_model([np.full(s, value, np.float32) for s in SHAPES], ["w"], "raw"),
+    )
+
+
+def opened(k=3, min_clients=2, clients=(0, 1, 2, 3)):
+    b = Barrier(
+        BarrierConfig(tiers=(1,), clients_per_round=k, min_clients=min_clients, codec="raw", min_deadline=5.0),
+        STRATEGIES["fedat"],
+    )
+    feed = Feed(b)
+    feed(topology.BARRIER_ASSIGNMENTS, TierAssignment("a1", 1, (clients,), {c: 1.0 for c in clients}, 0.0))
+    fx = feed(topology.BARRIER_GLOBAL, seed_model())
+    tasks = [o.message for o in fx.publish]
+    return b, feed, fx, tasks
+
+
+def test_the_seed_opens_a_round_with_k_tasks_and_a_deadline():
+    _, _, fx, tasks = opened()
+    assert len(tasks) == 3 and all(isinstance(t, TrainTask) and t.round == 1 and t.version == 0 for t in tasks)
+    assert fx.timers == ((5.0, "deadline:1:1"),)
+    assert fx.ack == ()  # assignment and model are held, so a restarted barrier gets them back
+
+
+def test_updates_are_held_until_the_round_closes_then_acked_together():
+    _, feed, _, tasks = opened()
+    held = [feed(topology.barrier_queue(1), update(t, float(i), n=i + 1)) for i, t in enumerate(tasks[:2])]
+    assert all(fx.ack == () and fx.publish == () for fx in held)
+    fx = feed(topology.barrier_queue(1), update(tasks[2], 2.0, n=3))
+    (out,) = fx.publish
+    assert out.exchange == topology.TIER_MODELS and sorted(fx.ack) == [3, 4, 5]
+    np.testing.assert_allclose(decode_model(out.message.layers)[0], (0 * 1 + 1 * 2 + 2 * 3) / 6)
+
+
+def test_a_duplicate_is_counted_once():
+    _, feed, _, tasks = opened()
+    feed(topology.barrier_queue(1), update(tasks[0], 1.0))
+    dup = feed(topology.barrier_queue(1), update(tasks[0], 50.0))
+    assert dup.publish == () and dup.ack == ()
+    feed(topology.barrier_queue(1), update(tasks[1], 1.0))
+    fx = feed(topology.barrier_queue(1), update(tasks[2], 1.0))
+    assert fx.publish[0].message.clients == tuple(sorted(t.client for t in tasks))
+    assert 4 in fx.ack  # the duplicate is acked with the round, not merged
+    np.testing.assert_allclose(decode_model(fx.publish[0].message.layers)[0], 1.0)
+
+
+def test_a_round_closes_at_the_last_not_before():
+    b, feed, _, tasks = opened(k=1, min_clients=1)
+    fx = feed(topology.barrier_queue(1), update(tasks[0], 1.0, not_before=7.5), now=1.0)
+    assert fx.publish == () and fx.timers == ((6.5, "close:1:1"),)
+    assert b.on_timer("close:1:1", 7.5).publish
+
+
+def test_deadline_closes_with_the_minimum_and_reissues_below_it():
+    b, feed, _, tasks = opened(k=3, min_clients=2)
+    feed(topology.barrier_queue(1), update(tasks[0], 1.0))
+    fx = b.on_timer("deadline:1:1", 5.0)  # one answer, minimum two: ask a fresh client
+    (re,) = [o.message for o in fx.publish]
+    assert re.client not in {t.client for t in tasks} and re.round == 1
+    feed(topology.barrier_queue(1), update(re, 3.0))
+    fx = b.on_timer("deadline:1:1", 10.0)
+    assert fx.publish[0].message.clients == tuple(sorted([tasks[0].client, re.client]))
+
+
+def test_stale_unknown_and_foreign_updates_are_rejected():
+    b, feed, _, tasks = opened(clients=(0, 1, 2))
+    stranger = TrainTask(
+        **{
+            **{f: getattr(tasks[0], f) for f in TrainTask.__dataclass_fields__ if f != "kind"},
+            "client": 9,
+            "id": "t1-r1-c9-v0",
+        }
+    )
+    with pytest.raises(Reject, match="unknown client 9"):
+        feed(topology.barrier_queue(1), update(stranger, 1.0))
+    forged = update(tasks[0], 1.0)
+    forged = Update(
+        **{**{f: getattr(forged, f) for f in Update.__dataclass_fields__ if f != "kind"}, "task_id": "t1-r1-c0-v7"}
+    )
+    with pytest.raises(Reject, match="was not given task"):
+        feed(topology.barrier_queue(1), forged)
+    with pytest.raises(Reject, match="NaN or inf"):
+        feed(topology.barrier_queue(1), update(tasks[1], float("inf")))
+    for t in tasks:
+        feed(topology.barrier_queue(1), update(t, 1.0))
+    with pytest.raises(Reject, match="stale round"):
+        feed(topology.barrier_queue(1), update(tasks[0], 1.0))
+
+
+def test_the_next_round_opens_only_when_the_tier_model_is_merged():
+    b, feed, _, tasks = opened(k=1, min_clients=1)
+    feed(topology.barrier_queue(1), update(tasks[0], 1.0))
+    fx = feed(topology.BARRIER_GLOBAL, seed_model(version=1, tier=1, tier_round=1, rounds=(1,)))
+    (nxt,) = [o.message for o in fx.publish]
+    assert nxt.round == 2 and nxt.version == 1
+    assert fx.ack == (2,)  # the previous global model is released, this one is held

@@ -1,0 +1,95 @@
+"""Tests for the aggregator's strategies: client selection and the tier and cross-tier merges."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedat_aggregator.strategy import STRATEGIES, CrossTier, TierWeighted
+
+FEDAT = STRATEGIES["fedat"]
+UNIFORM = STRATEGIES["fedat-uniform"]
+
+
+def f32(*values) -> np.ndarray:
+    return np.array(values, dtype=np.float32)
+
+
+def test_registry_names():
+    assert {"fedat", "fedat-uniform"} <= set(STRATEGIES)
+    assert FEDAT.name == "fedat" and UNIFORM.name == "fedat-uniform"
+    assert isinstance(FEDAT, TierWeighted)
+
+
+def test_select_clients_k_distinct_candidates():
+    picked = FEDAT.select_clients([10, 20, 30, 40, 50], 3, np.random.default_rng(0))
+    assert len(picked) == 3 == len(set(picked))
+    assert set(picked) <= {10, 20, 30, 40, 50}
+
+
+def test_select_clients_sorted_python_ints():
+    picked = FEDAT.select_clients([50, 40, 30, 20, 10], 4, np.random.default_rng(1))
+    assert picked == sorted(picked) and all(type(c) is int for c in picked)
+
+
+def test_select_clients_k_capped_by_candidates():
+    assert FEDAT.select_clients([3, 1, 2], 10, np.random.default_rng(0)) == [1, 2, 3]
+
+
+def test_select_clients_deterministic_for_rng_seed():
+    cands = list(range(100))
+    assert FEDAT.select_clients(cands, 5, np.random.default_rng(42)) == FEDAT.select_clients(
+        cands, 5, np.random.default_rng(42))
+
+
+def test_select_clients_varies_with_rng():
+    cands = list(range(100))
+    picks = {tuple(FEDAT.select_clients(cands, 5, np.random.default_rng(s))) for s in range(5)}
+    assert len(picks) > 1
+
+
+def test_merge_tier_sample_weighted():
+    out = FEDAT.merge_tier([[f32(1, 2)], [f32(3, 4)]], [1, 3])
+    np.testing.assert_allclose(out[0], [2.5, 3.5])
+
+
+def merge(strategy, models, counts):
+    return strategy.merge_global(CrossTier(None, tuple(models), tuple(counts), arrived=0, staleness=0))
+
+
+def test_merge_global_fedat_weights():
+    # counts [3, 2, 1] -> weights [1, 2, 3] / 6; ([1,2] + 2[3,4] + 3[5,6]) / 6 = [22, 28] / 6
+    model, w = merge(FEDAT, [[f32(1, 2)], [f32(3, 4)], [f32(5, 6)]], [3, 2, 1])
+    np.testing.assert_allclose(w, [1 / 6, 2 / 6, 3 / 6])
+    np.testing.assert_allclose(model[0], [22 / 6, 28 / 6], rtol=1e-6)
+
+
+def test_merge_global_startup_single_tier():
+    model, w = merge(FEDAT, [None, [f32(7, 8)], None], [0, 2, 0])
+    np.testing.assert_array_equal(w, [0.0, 1.0, 0.0])
+    np.testing.assert_array_equal(model[0], f32(7, 8))
+
+
+def test_merge_global_two_of_three_reported():
+    # counts [3, 0, 1] -> weights [1/4, 0, 3/4]: 0.25[0, 4] + 0.75[4, 8] = [3, 7]
+    model, w = merge(FEDAT, [[f32(0, 4)], None, [f32(4, 8)]], [3, 0, 1])
+    np.testing.assert_allclose(w, [0.25, 0.0, 0.75])
+    np.testing.assert_allclose(model[0], [3.0, 7.0])
+
+
+def test_merge_global_multi_layer():
+    model, _ = merge(FEDAT, [[f32(0), f32(1, 1)], [f32(6), f32(4, 7)]], [2, 1])
+    # weights [1/3, 2/3]
+    np.testing.assert_allclose(model[0], [4.0])
+    np.testing.assert_allclose(model[1], [3.0, 5.0])
+
+
+def test_merge_global_nothing_reported():
+    with pytest.raises(ValueError, match="no tier has reported"):
+        merge(FEDAT, [None, None], [0, 0])
+
+
+def test_merge_global_uniform():
+    model, w = merge(UNIFORM, [[f32(0, 0)], None, [f32(4, 8)]], [3, 0, 1])
+    np.testing.assert_allclose(w, [0.5, 0.0, 0.5])
+    np.testing.assert_allclose(model[0], [2.0, 4.0])
