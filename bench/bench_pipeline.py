@@ -106,10 +106,6 @@ def aggregator_side(url: str, rounds: int = 20, per_round: int = 10) -> float:
         STRATEGIES["fedat"],
     )
     a = Aggregator(AggregatorConfig(num_tiers=1), STRATEGIES["fedat"])
-    from tests.integration import test_pipeline as tp
-
-    tp.SHAPES[:] = CNN_SHAPES  # the seed model must have the CNN's shapes
-    tp.NAMES[:] = [f"l{i}" for i in range(len(CNN_SHAPES))]
     stop = threading.Event()
 
     def fake_clients():
@@ -149,7 +145,7 @@ def aggregator_side(url: str, rounds: int = 20, per_round: int = 10) -> float:
     with running(b, url, 1, prefetch=200), running(a, url, 1):
         th = threading.Thread(target=fake_clients, daemon=True)
         th.start()
-        start_tier(url, tuple(range(100)))
+        start_tier(url, tuple(range(100)), shapes=CNN_SHAPES)
         t0 = time.perf_counter()
         seen = 0
         while seen < rounds:

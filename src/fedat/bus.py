@@ -143,9 +143,11 @@ class _Session:
         try:
             msg = wire.decode(body, expect=self.expected[queue], max_bytes=self.max_bytes)
             inbound = Inbound(queue, msg, method.delivery_tag, bool(method.redelivered), len(body))
-            effects = self.service.handle(inbound, self.clock())
+            # Publishing comes before any ack, so an output that cannot be sent (e.g. oversize) rejects the input.
+            self.apply(self.service.handle(inbound, self.clock()))
         except (wire.WireError, Reject) as exc:
-            self.dead_letter(queue, method, props, body, getattr(exc, "reason", str(exc)))
+            if method.delivery_tag in self.held:
+                self.dead_letter(queue, method, props, body, getattr(exc, "reason", str(exc)))
             self.metrics.consumed.labels(queue, "dead-lettered").inc()
             return
         except RECOVERABLE:
@@ -157,12 +159,18 @@ class _Session:
             channel.basic_nack(delivery_tag=method.delivery_tag, requeue=True)
             self.metrics.consumed.labels(queue, "error").inc()
             return
-        self.apply(effects)
         self.metrics.consumed.labels(queue, "ok").inc()
         self.metrics.handle_seconds.labels(queue).observe(time.perf_counter() - started)
 
     def on_timer(self, key: str) -> None:
-        self.apply(self.service.on_timer(key, self.clock()))
+        try:
+            self.apply(self.service.on_timer(key, self.clock()))
+        except RECOVERABLE:
+            raise
+        except Exception:
+            # A timer has no message to requeue: log it and keep serving (the service re-arms what it needs).
+            log.exception("%s failed on timer %s", self.service.name, key)
+            self.metrics.consumed.labels(f"timer:{key.split(':')[0]}", "error").inc()
 
     def start(self) -> None:
         self.queue_of = {}

@@ -24,6 +24,7 @@ class RunState:
     late: int = 0
     updates: int = 0
     evaluations: list[dict] = field(default_factory=list)
+    bytes_at: dict[int, tuple[int, int]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -53,10 +54,12 @@ class Recorder:
         s = self.state
         with s.lock:
             if isinstance(msg, GlobalModel):
-                if msg.version <= s.version and msg.version != 0:
-                    return done(inbound)
-                s.version, s.tier_counts = msg.version, msg.tier_counts
-                s.bytes_up, s.bytes_down, s.late, s.updates = msg.bytes_up, msg.bytes_down, msg.late, msg.updates
+                if msg.version in s.bytes_at:
+                    return done(inbound)  # redelivered
+                s.bytes_at[msg.version] = (msg.bytes_up, msg.bytes_down)
+                if msg.version >= s.version:  # observers may see versions out of order: totals follow the newest
+                    s.version, s.tier_counts = msg.version, msg.tier_counts
+                    s.bytes_up, s.bytes_down, s.late, s.updates = msg.bytes_up, msg.bytes_down, msg.late, msg.updates
                 last = s.evaluations[-1] if s.evaluations else {}
                 line = {
                     "event": "global",
@@ -82,8 +85,9 @@ class Recorder:
                     "accuracy": msg.accuracy,
                     "loss": msg.loss,
                     "variance": msg.variance,
-                    "bytes_up": s.bytes_up,
-                    "bytes_down": s.bytes_down,
+                    # Traffic up to the evaluated version, so that accuracy-vs-bytes pairs the right numbers.
+                    "bytes_up": s.bytes_at.get(msg.version, (s.bytes_up, s.bytes_down))[0],
+                    "bytes_down": s.bytes_at.get(msg.version, (s.bytes_up, s.bytes_down))[1],
                 }
                 s.evaluations.append(line)
             self.out.write(json.dumps(line) + "\n")

@@ -33,6 +33,7 @@ RECORDER_EVENTS = "fedat.recorder.events"
 OBSERVER_MAX_LENGTH = 8
 # A message that crashes its consumer this many times is dead-lettered by the broker (reason delivery_limit).
 DELIVERY_LIMIT = 5
+DEAD_LETTER_MAX_LENGTH = 10_000
 
 HEADER_REASON = "x-fedat-reason"
 HEADER_SOURCE_QUEUE = "x-fedat-queue"
@@ -105,7 +106,8 @@ def queues(num_tiers: int) -> tuple[Queue, ...]:
         _observer_queue(EVALUATOR_GLOBAL, (GLOBAL, "")),
         _observer_queue(RECORDER_GLOBAL, (GLOBAL, "")),
         _work_queue(RECORDER_EVENTS, (EVENTS, "")),
-        Queue(DEAD_LETTERS, ((DLX, ""),), {"x-queue-type": "quorum"}),
+        # Bounded so that a long run's stale stragglers cannot fill the disk; the oldest go first.
+        Queue(DEAD_LETTERS, ((DLX, ""),), {"x-queue-type": "quorum", "x-max-length": DEAD_LETTER_MAX_LENGTH}),
     )
 
 

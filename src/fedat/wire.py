@@ -257,6 +257,13 @@ def _nonneg_float(name: str, v: Any) -> float:
     return v
 
 
+def _pos_float(name: str, v: Any) -> float:
+    v = _float(name, v)
+    if v <= 0:
+        raise WireError(f"field '{name}': must be > 0, got {v}")
+    return v
+
+
 def _str(name: str, v: Any) -> str:
     if not isinstance(v, str):
         raise WireError(f"field '{name}': expected str, got {type(v).__name__}")
@@ -364,7 +371,7 @@ _VALIDATORS: dict[str, Callable[[str, Any], Any]] = {
     "bytes_down": _nonneg_int,
     "late": _nonneg_int,
     "updates": _nonneg_int,
-    "learning_rate": _nonneg_float,
+    "learning_rate": _pos_float,
     "prox_lambda": _nonneg_float,
     "loss": _float,
     "accuracy": _nonneg_float,

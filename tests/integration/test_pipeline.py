@@ -18,13 +18,12 @@ from fedat_profiler.profiler import Profiler, ProfilerConfig
 from .broker import fetch, fetch_n, publish, queue_types, running
 
 pytestmark = pytest.mark.broker
-NAMES = ["dense/kernel", "dense/bias"]
 SHAPES = [(3, 2), (2,)]
 
 
-def seed(tiers: int) -> GlobalModel:
+def seed(tiers: int, shapes=SHAPES) -> GlobalModel:
     zeros = (0,) * tiers
-    w0 = [np.zeros(s, np.float32) for s in SHAPES]
+    w0 = [np.zeros(s, np.float32) for s in shapes]
     return GlobalModel(
         id="g0",
         version=0,
@@ -38,12 +37,12 @@ def seed(tiers: int) -> GlobalModel:
         late=0,
         updates=0,
         created_at=time.time(),
-        layers=encode_model(w0, NAMES, "raw"),
+        layers=encode_model(w0, [f"layer{i}" for i in range(len(shapes))], "raw"),
     )
 
 
 def answer(task: TrainTask, value: float, n: int, not_before: float = 0.0) -> Update:
-    weights = [np.full(s, value, np.float32) for s in SHAPES]
+    weights = [np.full(layer.shape, value, np.float32) for layer in task.layers]
     return Update(
         id=f"u-{task.id}",
         task_id=task.id,
@@ -59,20 +58,21 @@ def answer(task: TrainTask, value: float, n: int, not_before: float = 0.0) -> Up
         train_seconds=0.01,
         not_before=not_before,
         late=False,
-        layers=encode_model(weights, NAMES, task.codec, task.precision),
+        layers=encode_model(weights, [layer.name for layer in task.layers], task.codec, task.precision),
     )
 
 
-def start_tier(url: str, clients: tuple[int, ...]) -> None:
+def start_tier(url: str, clients: tuple[int, ...], shapes=SHAPES) -> None:
     assignment = TierAssignment(
         id="a1", epoch=1, tiers=(clients,), latencies={c: 0.1 for c in clients}, created_at=time.time()
     )
     publish(url, topology.CONTROL, "", assignment, num_tiers=1)
-    publish(url, topology.GLOBAL, "", seed(1), num_tiers=1)
+    publish(url, topology.GLOBAL, "", seed(1, shapes), num_tiers=1)
 
 
 def barrier(**kw) -> Barrier:
-    cfg = BarrierConfig(tiers=(1,), codec="raw", tier_codec="raw", min_deadline=30.0, **kw)
+    kw.setdefault("min_deadline", 30.0)
+    cfg = BarrierConfig(tiers=(1,), codec="raw", tier_codec="raw", **kw)
     return Barrier(cfg, STRATEGIES["fedat"])
 
 

@@ -208,8 +208,7 @@ def test_negative_staleness_rejected(fn):
 
 
 def test_staleness_registry():
-    assert STALENESS == {"constant": constant_staleness, "polynomial": polynomial_staleness,
-                         "hinge": hinge_staleness}
+    assert STALENESS == {"constant": constant_staleness, "polynomial": polynomial_staleness, "hinge": hinge_staleness}
 
 
 # --- fedasync_mix ------------------------------------------------------------------------------------------------

@@ -80,7 +80,7 @@ def test_the_seed_opens_a_round_with_k_tasks_and_a_deadline():
     _, _, fx, tasks = opened()
     assert len(tasks) == 3 and all(isinstance(t, TrainTask) and t.round == 1 and t.version == 0 for t in tasks)
     assert fx.timers == ((5.0, "deadline:1:1"),)
-    assert fx.ack == ()  # assignment and model are held, so a restarted barrier gets them back
+    assert fx.ack == (2,)  # the model is acked on receipt (held for a run it would trip consumer_timeout)
 
 
 def test_updates_are_held_until_the_round_closes_then_acked_together():
@@ -144,8 +144,13 @@ def test_stale_unknown_and_foreign_updates_are_rejected():
         feed(topology.barrier_queue(1), update(tasks[1], float("inf")))
     for t in tasks:
         feed(topology.barrier_queue(1), update(t, 1.0))
+    late = TrainTask(
+        **{**{f: getattr(tasks[0], f) for f in TrainTask.__dataclass_fields__ if f != "kind"}, "id": "t1-r1-c0-v9"}
+    )
     with pytest.raises(Reject, match="stale round"):
-        feed(topology.barrier_queue(1), update(tasks[0], 1.0))
+        feed(topology.barrier_queue(1), update(late, 1.0))
+    again = feed(topology.barrier_queue(1), update(tasks[0], 1.0))  # a copy of a merged update: acked, not stale
+    assert again.ack == (feed.tag,) and again.publish == ()
 
 
 def test_the_next_round_opens_only_when_the_tier_model_is_merged():
@@ -154,4 +159,14 @@ def test_the_next_round_opens_only_when_the_tier_model_is_merged():
     fx = feed(topology.BARRIER_GLOBAL, seed_model(version=1, tier=1, tier_round=1, rounds=(1,)))
     (nxt,) = [o.message for o in fx.publish]
     assert nxt.round == 2 and nxt.version == 1
-    assert fx.ack == (2,)  # the previous global model is released, this one is held
+    assert fx.ack == (4,)
+
+
+def test_a_reconnect_forgets_held_updates_but_keeps_the_round_and_its_deadline():
+    b, feed, _, tasks = opened()
+    feed(topology.barrier_queue(1), update(tasks[0], 1.0))
+    fx = b.on_start(2.0)
+    assert fx.timers == ((3.0, "deadline:1:1"),)
+    for t in tasks:  # the broker redelivers the held update; the other two arrive as usual
+        fx = feed(topology.barrier_queue(1), update(t, 1.0))
+    assert fx.publish and len(fx.ack) == 3

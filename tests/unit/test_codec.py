@@ -92,9 +92,7 @@ def layers(draw: st.DrawFn, max_side: int = 7) -> tuple[np.ndarray, int]:
         st.floats(-limit, limit, width=32),
         ties.filter(lambda v: abs(v) <= limit),
         near_ties.filter(lambda v: abs(v) <= limit),
-        st.sampled_from(
-            [0.0, -0.0, limit, -limit, float(np.float32(0.5 / scale)), float(np.float32(-0.5 / scale))]
-        ),
+        st.sampled_from([0.0, -0.0, limit, -limit, float(np.float32(0.5 / scale)), float(np.float32(-0.5 / scale))]),
     )
     shape = draw(hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=max_side))
     values = draw(hnp.arrays(np.float32, shape, elements=elements))
@@ -119,9 +117,7 @@ def test_large_layers_match_polyline_package(precision: int, size: int, sigma: f
     values = np.random.default_rng(seed).normal(0.0, sigma, size).astype(np.float32)
     data = encode_layer(values, precision)
     assert data == oracle_encode(values, precision)
-    np.testing.assert_array_equal(
-        decode_layer(data, values.shape, precision), oracle_decode(data, size, precision)
-    )
+    np.testing.assert_array_equal(decode_layer(data, values.shape, precision), oracle_decode(data, size, precision))
 
 
 @pytest.mark.parametrize("precision", PRECISIONS)
@@ -183,9 +179,7 @@ def test_round_trip_within_half_a_unit(case: tuple[np.ndarray, int]) -> None:
     st.lists(st.tuples(st.floats(-1e6, 1e6), st.floats(-1e6, 1e6)), min_size=1, max_size=60),
     st.booleans(),
 )
-def test_decodes_package_output_like_package(
-    precision: int, pairs: list[tuple[float, float]], drop_pad: bool
-) -> None:
+def test_decodes_package_output_like_package(precision: int, pairs: list[tuple[float, float]], drop_pad: bool) -> None:
     # Pairs of arbitrary float64s, encoded by the package itself rather than by us.
     if drop_pad:
         pairs[-1] = (pairs[-1][0], 0.0)

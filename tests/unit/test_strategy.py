@@ -39,7 +39,8 @@ def test_select_clients_k_capped_by_candidates():
 def test_select_clients_deterministic_for_rng_seed():
     cands = list(range(100))
     assert FEDAT.select_clients(cands, 5, np.random.default_rng(42)) == FEDAT.select_clients(
-        cands, 5, np.random.default_rng(42))
+        cands, 5, np.random.default_rng(42)
+    )
 
 
 def test_select_clients_varies_with_rng():

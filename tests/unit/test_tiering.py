@@ -115,8 +115,9 @@ def test_tifl_zero_credits_get_zero():
 
 
 def test_tifl_credit_amount_does_not_matter():
-    np.testing.assert_array_equal(tifl_probabilities([0.9, 0.5, 0.7], [1, 1, 1]),
-                                  tifl_probabilities([0.9, 0.5, 0.7], [50, 2, 9]))
+    np.testing.assert_array_equal(
+        tifl_probabilities([0.9, 0.5, 0.7], [1, 1, 1]), tifl_probabilities([0.9, 0.5, 0.7], [50, 2, 9])
+    )
 
 
 def test_tifl_all_out_of_credits():

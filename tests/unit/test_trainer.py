@@ -167,10 +167,22 @@ def test_no_retracing_across_clients(cnn_trainer: LocalTrainer, images: Data) ->
     # Different size with a partial last batch (73 = 7*10 + 3), different λ, more epochs.
     cnn_trainer.train(w0, x[:73], y[:73], epochs=2, prox_lambda=0.1, seed=5)
     cnn_trainer.train(w0, x[:1], y[:1], epochs=1, prox_lambda=3.0, seed=6)
+    cnn_trainer.train(w0, x[:30], y[:30], epochs=1, prox_lambda=0.0, seed=7, batch_size=7)  # a task's own batch size
     assert after_first == 1 and cnn_trainer.trace_count == 1
     cnn_trainer.evaluate(w0, x, y)
     cnn_trainer.evaluate(w0, x[:17], y[:17], batch_size=5)
     assert cnn_trainer.eval_trace_count == 1
+
+
+def test_batch_size_changes_the_number_of_steps(images: Data) -> None:
+    x, y = images
+    model = build_model("logreg", IMG, 10, seed=0)
+    trainer = LocalTrainer(model, learning_rate=0.01, batch_size=10)
+    w0 = model.get_weights()
+    small = trainer.train(w0, x[:40], y[:40], epochs=1, prox_lambda=0.0, seed=1, batch_size=1)
+    large = trainer.train(w0, x[:40], y[:40], epochs=1, prox_lambda=0.0, seed=1, batch_size=40)
+    # 40 Adam steps move the weights further than a single step does.
+    assert np.linalg.norm(small.weights[0] - w0[0]) > 2 * np.linalg.norm(large.weights[0] - w0[0])
 
 
 def test_optimizer_reset_gives_identical_reruns(cnn_trainer: LocalTrainer, images: Data) -> None:

@@ -39,42 +39,84 @@ RAW = encode_model(ARRAYS, NAMES, codec="raw", precision=0)
 
 def _task(layers: tuple[Layer, ...] = POLY) -> TrainTask:
     return TrainTask(
-        id="t-1", client=7, tier=2, round=3, version=11, epochs=1, batch_size=32, learning_rate=0.01,
-        prox_lambda=0.0, codec="polyline", precision=4, sent_at=1700000000.5, layers=layers,
+        id="t-1",
+        client=7,
+        tier=2,
+        round=3,
+        version=11,
+        epochs=1,
+        batch_size=32,
+        learning_rate=0.01,
+        prox_lambda=0.0,
+        codec="polyline",
+        precision=4,
+        sent_at=1700000000.5,
+        layers=layers,
     )
 
 
 def _update(layers: tuple[Layer, ...] = RAW) -> Update:
     return Update(
-        id="u-1", task_id="t-1", client=7, tier=2, round=3, base_version=11, n_samples=600, loss=-0.25,
-        dispatched_at=1.0, started_at=2.0, finished_at=3.5, train_seconds=1.5, not_before=4.0, late=True,
+        id="u-1",
+        task_id="t-1",
+        client=7,
+        tier=2,
+        round=3,
+        base_version=11,
+        n_samples=600,
+        loss=-0.25,
+        dispatched_at=1.0,
+        started_at=2.0,
+        finished_at=3.5,
+        train_seconds=1.5,
+        not_before=4.0,
+        late=True,
         layers=layers,
     )
 
 
 def _tier_model(layers: tuple[Layer, ...] = POLY) -> TierModel:
     return TierModel(
-        id="tm-1", tier=1, round=4, base_version=9, n_samples=1200, clients=(3, 1, 2), bytes_up=100,
-        bytes_down=200, late=2, closed_at=9.0, layers=layers,
+        id="tm-1",
+        tier=1,
+        round=4,
+        base_version=9,
+        n_samples=1200,
+        clients=(3, 1, 2),
+        bytes_up=100,
+        bytes_down=200,
+        late=2,
+        closed_at=9.0,
+        layers=layers,
     )
 
 
 def _global(layers: tuple[Layer, ...] = RAW) -> GlobalModel:
     return GlobalModel(
-        id="g-1", version=12, tier=1, tier_round=4, tier_rounds=(4, 2, 0), tier_counts=(5, 3, 0),
-        tier_weights=(0.375, 0.625, 0.0), bytes_up=10, bytes_down=20, late=0, updates=8, created_at=10.0,
+        id="g-1",
+        version=12,
+        tier=1,
+        tier_round=4,
+        tier_rounds=(4, 2, 0),
+        tier_counts=(5, 3, 0),
+        tier_weights=(0.375, 0.625, 0.0),
+        bytes_up=10,
+        bytes_down=20,
+        late=0,
+        updates=8,
+        created_at=10.0,
         layers=layers,
     )
 
 
 def _assignment() -> TierAssignment:
-    return TierAssignment(id="a-1", epoch=2, tiers=((4, 0), (1,), ()), latencies={4: 0.5, 0: 1.0, 1: 7.25},
-                          created_at=3.0)
+    return TierAssignment(
+        id="a-1", epoch=2, tiers=((4, 0), (1,), ()), latencies={4: 0.5, 0: 1.0, 1: 7.25}, created_at=3.0
+    )
 
 
 def _evaluation() -> Evaluation:
-    return Evaluation(id="e-1", version=12, accuracy=0.875, loss=0.4, variance=0.01, n_clients=100,
-                      evaluated_at=11.0)
+    return Evaluation(id="e-1", version=12, accuracy=0.875, loss=0.4, variance=0.01, n_clients=100, evaluated_at=11.0)
 
 
 MESSAGES = [_task(), _update(), _tier_model(), _global(), _assignment(), _evaluation()]
@@ -121,8 +163,14 @@ def test_round_trip_with_expect_kind(msg):
 
 
 def test_kinds_registry_names_every_message():
-    assert KINDS == {"train": TrainTask, "update": Update, "tier-model": TierModel, "global-model": GlobalModel,
-                     "tier-assignment": TierAssignment, "evaluation": Evaluation}
+    assert KINDS == {
+        "train": TrainTask,
+        "update": Update,
+        "tier-model": TierModel,
+        "global-model": GlobalModel,
+        "tier-assignment": TierAssignment,
+        "evaluation": Evaluation,
+    }
 
 
 def test_encoded_body_has_version_kind_and_id():
@@ -158,7 +206,12 @@ def test_polyline_is_lossy_at_low_precision():
 def test_layer_metadata_survives_round_trip():
     layer = decode(encode(_tier_model(POLY))).layers[0]
     assert (layer.name, layer.shape, layer.codec, layer.precision, layer.dtype) == (
-        "dense/kernel", (2, 2), "polyline", 4, "float32")
+        "dense/kernel",
+        (2, 2),
+        "polyline",
+        4,
+        "float32",
+    )
 
 
 @pytest.mark.parametrize("make", [_task, _update, _tier_model, _global])
@@ -252,8 +305,17 @@ def test_wrong_type_names_field(msg, name, value):
     _raises(_with(msg, **{name: value}), f"field '{name}")
 
 
-@pytest.mark.parametrize(("msg", "name"), [(_task(), "client"), (_task(), "epochs"), (_update(), "n_samples"),
-                                           (_tier_model(), "late"), (_global(), "updates"), (_evaluation(), "version")])
+@pytest.mark.parametrize(
+    ("msg", "name"),
+    [
+        (_task(), "client"),
+        (_task(), "epochs"),
+        (_update(), "n_samples"),
+        (_tier_model(), "late"),
+        (_global(), "updates"),
+        (_evaluation(), "version"),
+    ],
+)
 def test_bool_where_int_expected(msg, name):
     _raises(_with(msg, **{name: True}), f"field '{name}': expected int, got bool")
 
@@ -267,9 +329,18 @@ def test_int_accepted_where_float_expected():
     assert out.loss == 2.0 and isinstance(out.loss, float)
 
 
-@pytest.mark.parametrize(("msg", "name"), [(_task(), "client"), (_task(), "round"), (_update(), "n_samples"),
-                                           (_tier_model(), "bytes_up"), (_global(), "version"),
-                                           (_assignment(), "epoch"), (_evaluation(), "n_clients")])
+@pytest.mark.parametrize(
+    ("msg", "name"),
+    [
+        (_task(), "client"),
+        (_task(), "round"),
+        (_update(), "n_samples"),
+        (_tier_model(), "bytes_up"),
+        (_global(), "version"),
+        (_assignment(), "epoch"),
+        (_evaluation(), "n_clients"),
+    ],
+)
 def test_negative_count(msg, name):
     _raises(_with(msg, **{name: -1}), f"field '{name}': must be >= 0")
 
@@ -283,10 +354,17 @@ def test_tier_zero_is_allowed_for_profiling():
     assert decode(_with(_task(), tier=0)).tier == 0
 
 
-@pytest.mark.parametrize(("msg", "name"), [(_task(), "learning_rate"), (_task(), "sent_at"),
-                                           (_update(), "train_seconds"), (_evaluation(), "accuracy")])
+@pytest.mark.parametrize(
+    ("msg", "name"), [(_task(), "sent_at"), (_update(), "train_seconds"), (_evaluation(), "accuracy")]
+)
 def test_negative_float(msg, name):
     _raises(_with(msg, **{name: -0.5}), f"field '{name}': must be >= 0")
+
+
+@pytest.mark.parametrize("rate", [0.0, -0.5])
+def test_learning_rate_must_be_positive(rate):
+    # The trainer rejects it, so a task with it would only bounce until the delivery limit.
+    _raises(_with(_task(), learning_rate=rate), "field 'learning_rate': must be > 0")
 
 
 def test_negative_loss_allowed():
@@ -532,10 +610,15 @@ def test_fuzz_mutated_bytes(msg, data):
 
 
 MSGPACK_VALUES = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text(max_size=12)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats()
+    | st.text(max_size=12)
     | st.binary(max_size=24),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8) | st.integers(-5, 5), inner,
-                                                                 max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8) | st.integers(-5, 5), inner, max_size=4)
+    ),
     max_leaves=8,
 )
 LAYER_KEYS = ["name", "shape", "dtype", "codec", "precision", "data"]

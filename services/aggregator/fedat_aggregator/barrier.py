@@ -9,6 +9,7 @@ missing slots are re-issued to fresh clients of the tier. An update counts from 
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,6 +28,8 @@ from fedat.wire import (
     model_bytes,
 )
 from fedat_aggregator.strategy import Strategy
+
+MERGED_MEMORY = 10_000
 
 
 @dataclass(frozen=True)
@@ -66,6 +69,7 @@ class _Round:
     tasks: dict[int, str]  # client -> task id
     arrivals: dict[int, _Arrival] = field(default_factory=dict)
     extra_tags: list[int] = field(default_factory=list)  # duplicates and late answers, acked at close
+    target: int = 0  # answers wanted: the number of clients first selected
     bytes_down: int = 0
     reissues: int = 0
 
@@ -82,13 +86,13 @@ class Barrier:
 
     def _reset(self) -> None:
         self.assignment: TierAssignment | None = None
-        self.assignment_tag: int | None = None
         self.model: GlobalModel | None = None
-        self.model_tag: int | None = None
         self.last_round: dict[int, int] = {}  # last round of each tier merged into a global model
         self.closed_round: dict[int, int] = {}  # last round of each tier this barrier closed
         self.open: dict[int, _Round] = {}
-        self.waiting: list[tuple[Inbound, float]] = []  # updates seen before their round was (re)opened
+        self.waiting: list[tuple[Inbound, float]] = []  # updates seen before their round was opened
+        # Ids of recently merged updates, so that a copy redelivered after its round closed is acked, not rejected.
+        self.merged: OrderedDict[str, None] = OrderedDict()
 
     def subscriptions(self) -> dict[str, type]:
         """Updates of our tiers, global models, tier assignments."""
@@ -98,9 +102,20 @@ class Barrier:
         return subs
 
     def on_start(self, now: float) -> Effects:
-        """Forget everything: the held assignment, model and updates are redelivered."""
-        self._reset()
-        return NOTHING
+        """After a reconnect: forget held deliveries (the broker redelivers them), keep rounds, re-arm deadlines.
+
+        The assignment and the global model are acked on receipt and kept in memory, since holding them unacked
+        for a whole run would trip the broker's consumer_timeout. Recovering them after a process restart is the
+        job of the fault-tolerance work, not of reconnects.
+        """
+        self.waiting = []
+        timers = []
+        for rnd in self.open.values():
+            if rnd.tasks is not None:
+                rnd.arrivals.clear()
+                rnd.extra_tags.clear()
+                timers.append((max(0.0, rnd.deadline - now), f"deadline:{rnd.tier}:{rnd.number}"))
+        return Effects(timers=tuple(timers))
 
     # --- inputs -------------------------------------------------------------------------------------------
     def handle(self, inbound: Inbound, now: float) -> Effects:
@@ -117,30 +132,29 @@ class Barrier:
             return done(inbound)
         if len(msg.tiers) < max(self.cfg.tiers):
             raise Reject(f"tier assignment {msg.epoch} has {len(msg.tiers)} tiers, this barrier runs {self.cfg.tiers}")
-        # Hold the newest assignment unacked so that a restarted barrier gets it back.
-        release = (self.assignment_tag,) if self.assignment_tag is not None else ()
-        self.assignment, self.assignment_tag = msg, inbound.tag
-        return Effects(ack=release) + self._open_idle_tiers(now)
+        self.assignment = msg
+        return done(inbound) + self._open_idle_tiers(now)
 
     def _on_global(self, inbound: Inbound, msg: GlobalModel, now: float) -> Effects:
         if self.model is not None and msg.version <= self.model.version:
             return done(inbound)
-        release = (self.model_tag,) if self.model_tag is not None else ()
-        self.model, self.model_tag = msg, inbound.tag
-        for m, r in zip(range(1, len(msg.tier_rounds) + 1), msg.tier_rounds, strict=True):
+        self.model = msg
+        for m, r in enumerate(msg.tier_rounds, start=1):
             self.last_round[m] = max(self.last_round.get(m, 0), r)
-        effects = Effects(ack=release)
+        effects = done(inbound)
         rnd = self.open.get(msg.tier)
         if rnd is not None and rnd.number <= msg.tier_round:
             del self.open[msg.tier]  # merged: the tier loops on with the new global model
-            if rnd.tasks is not None:  # superseded after a restart: the merged round already counted these
-                effects = effects + Effects(ack=tuple(a.tag for a in rnd.arrivals.values()) + tuple(rnd.extra_tags))
         return effects + self._open_idle_tiers(now)
 
     def _on_update(self, inbound: Inbound, u: Update, now: float) -> Effects:
         if self.assignment is not None and not any(u.client in t for t in self.assignment.tiers):
             raise Reject(f"unknown client {u.client}: not in tier assignment {self.assignment.epoch}")
         rnd = self.open.get(u.tier)
+        if u.id in self.merged:
+            if self.metrics:
+                self.metrics.duplicates.labels(str(u.tier)).inc()
+            return done(inbound)  # a redelivered copy of an update already merged: idempotent, not stale
         if u.round <= max(self.last_round.get(u.tier, 0), self.closed_round.get(u.tier, 0)):
             raise Reject(f"stale round: tier {u.tier} round {u.round} is already closed")
         if rnd is None or u.round != rnd.number:
@@ -152,13 +166,15 @@ class Barrier:
             raise Reject(
                 f"update {u.id} trained on version {u.base_version}, round {rnd.number} used {rnd.base_version}"
             )
+        if u.n_samples < 1:
+            raise Reject(f"update {u.id}: n_samples must be >= 1, got {u.n_samples}")
         if u.client in rnd.arrivals:
             rnd.extra_tags.append(inbound.tag)  # a redelivered duplicate: counted once, acked at close
             if self.metrics:
                 self.metrics.duplicates.labels(str(u.tier)).inc()
             return NOTHING
         rnd.arrivals[u.client] = _Arrival(u, self._decode_checked(u), inbound.tag, max(now, u.not_before))
-        if len(rnd.arrivals) == len(rnd.tasks):
+        if len(rnd.arrivals) >= rnd.target:
             last = max(a.effective for a in rnd.arrivals.values())
             return (
                 self._close(rnd, now)
@@ -190,7 +206,7 @@ class Barrier:
         if what == "close":  # timers may fire a hair early: the round closes at its last arrival
             return self._close(rnd, max([now] + [a.effective for a in rnd.arrivals.values()]))
         arrived = [a for a in rnd.arrivals.values() if a.effective <= now]
-        if len(arrived) >= min(self.cfg.min_clients, len(rnd.tasks)):
+        if len(arrived) >= min(self.cfg.min_clients, rnd.target):
             return self._close(rnd, now)
         return self._reissue(rnd, now)
 
@@ -210,7 +226,7 @@ class Barrier:
             return NOTHING
         number = max(self.last_round.get(tier, 0), self.closed_round.get(tier, 0)) + 1
         clients = self.strategy.select_clients(candidates, self.cfg.clients_per_round, self.rng)
-        rnd = _Round(tier, number, self.model.version, now, 0.0, {})
+        rnd = _Round(tier, number, self.model.version, now, 0.0, {}, target=len(clients))
         self.open[tier] = rnd
         effects = self._dispatch(rnd, clients, now)
         # Updates that arrived before this round opened (after a restart) are replayed now.
@@ -258,18 +274,17 @@ class Barrier:
         )
 
     def _reissue(self, rnd: _Round, now: float) -> Effects:
-        missing = [c for c in rnd.tasks if c not in rnd.arrivals]
+        # The stragglers keep their tasks: an answer from them still counts while the round is open.
+        need = rnd.target - len(rnd.arrivals)
         fresh = [c for c in self.assignment.tiers[rnd.tier - 1] if c not in rnd.tasks]
         rnd.reissues += 1
         if self.metrics:
             self.metrics.reissues.labels(str(rnd.tier)).inc()
-        replacements = self.strategy.select_clients(fresh, len(missing), self.rng) if fresh else []
+        replacements = self.strategy.select_clients(fresh, need, self.rng) if fresh else []
         if not replacements:
             # Nobody left to ask: wait another deadline for the stragglers.
             rnd.deadline = now + self.cfg.min_deadline
             return Effects(timers=((self.cfg.min_deadline, f"deadline:{rnd.tier}:{rnd.number}"),))
-        for c in missing[: len(replacements)]:
-            del rnd.tasks[c]
         return self._dispatch(rnd, replacements, now)
 
     def _close(self, rnd: _Round, now: float) -> Effects:
@@ -292,6 +307,10 @@ class Barrier:
             layers=encode_model(merged, names, self.cfg.tier_codec, self.cfg.precision),
         )
         rnd.tasks = None  # closed: further timers and updates for it are stale
+        for a in included:
+            self.merged[a.update.id] = None
+        while len(self.merged) > MERGED_MEMORY:
+            self.merged.popitem(last=False)
         self.closed_round[rnd.tier] = rnd.number
         if self.metrics:
             self.metrics.rounds_closed.labels(str(rnd.tier)).inc()

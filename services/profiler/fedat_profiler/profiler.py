@@ -43,6 +43,7 @@ class Profiler:
         self.queue = list(range(cfg.num_clients))  # clients still to profile
         self.outstanding: set[int] = set()
         self.started = False
+        self.deadline = 0.0
         self.epoch = 0
         self.tiers: Tiers | None = None
         self.samples_since = 0
@@ -52,11 +53,13 @@ class Profiler:
         return {topology.PROFILER_RESULTS: Update}
 
     def on_start(self, now: float) -> Effects:
-        """Start the profiling pass once; profile tasks already published stay durable across reconnects."""
-        if self.started:
-            return Effects()
-        self.started = True
-        return self._dispatch(now) + Effects(timers=((self.cfg.profile_deadline, "profile-deadline"),))
+        """Start the profiling pass once; after a reconnect only re-arm its deadline (published tasks are durable)."""
+        if not self.started:
+            self.started, self.deadline = True, now + self.cfg.profile_deadline
+            return self._dispatch(now) + Effects(timers=((self.cfg.profile_deadline, "profile-deadline"),))
+        if self.tiers is None:
+            return Effects(timers=((max(0.0, self.deadline - now), "profile-deadline"),))
+        return Effects()
 
     def on_timer(self, key: str, now: float) -> Effects:
         """The profiling deadline: assign tiers among the clients that answered."""
@@ -109,6 +112,7 @@ class Profiler:
 
     def _assign(self, now: float) -> Effects:
         if len(self.latency) < self.cfg.num_tiers:
+            self.deadline = now + self.cfg.profile_deadline
             return Effects(timers=((self.cfg.profile_deadline, "profile-deadline"),))
         self.queue.clear()
         self.outstanding.clear()

@@ -66,6 +66,8 @@ class LocalTrainer:
             for i, v in enumerate(self._trainable)
         ]
         self._prox_lambda = tf.Variable(0.0, dtype=tf.float32, trainable=False, name="prox_lambda")
+        # A variable, not a Python int, so that a task's own batch size needs no retrace.
+        self._batch = tf.Variable(self.batch_size, dtype=tf.int32, trainable=False, name="batch_size")
 
         self._train_epoch = tf.function(self._train_epoch_impl, input_signature=[x_spec, y_spec])
         self._eval_step = tf.function(self._eval_step_impl, input_signature=[x_spec, y_spec])
@@ -74,7 +76,7 @@ class LocalTrainer:
 
     def _train_epoch_impl(self, x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
         self.trace_count += 1  # Python side effect: runs only while tracing
-        bs = self.batch_size
+        bs = self._batch.read_value()
         n = tf.shape(x)[0]
         total = tf.constant(0.0, tf.float32)
         for lo in tf.range(0, n, bs):
@@ -146,6 +148,7 @@ class LocalTrainer:
         prox_lambda: float,
         seed: int,
         learning_rate: float | None = None,
+        batch_size: int | None = None,
     ) -> TrainResult:
         """Train from global `weights` on (x, y) with a fresh Adam and the FedProx term."""
         start = time.perf_counter()
@@ -156,7 +159,10 @@ class LocalTrainer:
             raise ValueError(f"prox_lambda must be >= 0, got {prox_lambda}")
         if learning_rate is not None and not learning_rate > 0:
             raise ValueError(f"learning_rate must be > 0, got {learning_rate}")
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self._set_weights(weights)
+        self._batch.assign(self.batch_size if batch_size is None else int(batch_size))
         for a, v in zip(self._anchor, self._trainable, strict=True):
             a.assign(v)
         self._prox_lambda.assign(float(prox_lambda))

@@ -86,6 +86,7 @@ class Worker:
             prox_lambda=task.prox_lambda,
             seed=zlib.crc32(task.id.encode()),
             learning_rate=task.learning_rate,
+            batch_size=task.batch_size,
         )
         finished = self.clock()
         ts = self.cfg.straggler.time_scale
