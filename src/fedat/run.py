@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -23,6 +25,7 @@ from fedat.metrics import transport_metrics
 from fedat.recorder import Recorder, RunState
 
 log = logging.getLogger("fedat.run")
+PR_SET_PDEATHSIG = 1
 
 SERVICES = {
     "aggregator": "fedat_aggregator.aggregator_main",
@@ -79,7 +82,9 @@ class Processes:
         """Start one service."""
         logf = open(self.logdir / f"{name}.log", "ab")  # noqa: SIM115 — closed in stop()
         env = {**self.env, **(extra or {})}
-        p = subprocess.Popen([sys.executable, "-m", module], env=env, stdout=logf, stderr=subprocess.STDOUT)
+        p = subprocess.Popen(
+            [sys.executable, "-m", module], env=env, stdout=logf, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+        )
         self.procs.append((name, p, logf))
         return p
 
@@ -100,6 +105,15 @@ class Processes:
                 p.kill()
                 p.wait()
             logf.close()
+
+
+def _die_with_parent() -> None:
+    # Linux: a child gets SIGTERM if the launcher dies, even by SIGKILL, so no service outlives its run.
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def _connected(port: int) -> bool:
@@ -153,6 +167,8 @@ def run(exp: Experiment, results: Path, minutes: float | None = None, amqp_url: 
         args=(Recorder(state, events), broker, transport_metrics(_registry(), "recorder"), stop),
         daemon=True,
     )
+    failure = None
+    signal.signal(signal.SIGTERM, _interrupt)  # stop like Ctrl-C: services stopped, vhost deleted, summary written
     try:
         recorder.start()
         port = 19100
@@ -179,6 +195,9 @@ def run(exp: Experiment, results: Path, minutes: float | None = None, amqp_url: 
             print(_progress(state, time.time() - t0), flush=True)
     except KeyboardInterrupt:
         print("\n[fedat] interrupted: stopping services", flush=True)
+    except RuntimeError as exc:
+        failure = str(exc)
+        print(f"[fedat] run failed: {failure}", flush=True)
     finally:
         procs.stop()
         stop.set()
@@ -187,6 +206,7 @@ def run(exp: Experiment, results: Path, minutes: float | None = None, amqp_url: 
         if vhost:
             broker_admin.delete_vhost(vhost)
     summary = summarize(exp, state, time.time() - started)
+    summary["failure"] = failure
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     try:
         from fedat.plots import plot_run
@@ -195,6 +215,8 @@ def run(exp: Experiment, results: Path, minutes: float | None = None, amqp_url: 
     except ImportError:
         print("[fedat] matplotlib missing: no plots", flush=True)
     print(json.dumps(summary, indent=2))
+    if failure:
+        raise SystemExit(f"fedat run failed: {failure}")
     return summary
 
 

@@ -107,6 +107,17 @@ def queue_types(url: str) -> dict[str, str]:
     return dict(line.split()[:2] for line in r.stdout.splitlines() if len(line.split()) >= 2)
 
 
+def close_connections(url: str) -> None:
+    """Make the broker drop every client connection to the vhost (as a broker restart would)."""
+    subprocess.run(
+        ["rabbitmqctl", "close_all_connections", "-p", vhost_of(url), "test: broker drops clients"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+
+
 def purge_all(url: str, num_tiers: int = 5) -> None:
     """Empty every queue of the topology (between tests sharing a vhost)."""
     with channel(url, num_tiers) as ch:

@@ -15,7 +15,7 @@ from fedat_aggregator.barrier import Barrier, BarrierConfig
 from fedat_aggregator.strategy import STRATEGIES
 from fedat_profiler.profiler import Profiler, ProfilerConfig
 
-from .broker import fetch, fetch_n, publish, queue_types, running
+from .broker import close_connections, fetch, fetch_n, publish, queue_types, running
 
 pytestmark = pytest.mark.broker
 SHAPES = [(3, 2), (2,)]
@@ -216,3 +216,27 @@ def test_profiling_assigns_tiers_and_a_slowed_client_is_moved(vhost_url):
         a2 = fetch(vhost_url, topology.BARRIER_ASSIGNMENTS)
         assert a2 is not None and a2.epoch == 2
         assert tier_of(a2.tiers)[0] == 2 and tier_of(a1.tiers)[0] == 1
+
+
+def test_services_reconnect_after_the_broker_drops_them_and_the_round_completes(vhost_url):
+    with (
+        running(barrier(clients_per_round=3, min_clients=3), vhost_url, 1) as barrier_metrics,
+        running(aggregator(), vhost_url, 1),
+    ):
+        start_tier(vhost_url, (0, 1, 2))
+        tasks = fetch_n(vhost_url, topology.train_queue(1), 3)
+        publish(vhost_url, topology.RESULTS, topology.tier_key(1), answer(tasks[0], 1.0, 1), 1)
+        time.sleep(1.0)  # the barrier now holds that update unacked
+        close_connections(vhost_url)
+        deadline = time.time() + 30
+        while barrier_metrics.reconnects._value.get() < 1 or barrier_metrics.connected._value.get() != 1:
+            assert time.time() < deadline, "the barrier did not reconnect"
+            time.sleep(0.2)
+        for t in tasks[1:]:
+            publish(vhost_url, topology.RESULTS, topology.tier_key(1), answer(t, 1.0, 1), 1)
+        versions = []
+        while not versions or versions[-1] < 1:
+            g = fetch(vhost_url, topology.RECORDER_GLOBAL, timeout=30)
+            assert g is not None, f"no global model after the reconnect (saw {versions})"
+            versions.append(g.version)
+        assert g.updates == 3  # the held update was redelivered and counted once

@@ -1,0 +1,157 @@
+"""The global aggregator and the profiler, driven directly (no broker)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedat import topology
+from fedat.service import Inbound, Reject
+from fedat.tiering import tier_of
+from fedat.wire import GlobalModel, TierModel, TrainTask, Update, decode_model, encode_model
+from fedat_aggregator.aggregator import Aggregator, AggregatorConfig
+from fedat_aggregator.strategy import STRATEGIES
+from fedat_profiler.profiler import Profiler, ProfilerConfig
+
+
+def inbound(msg, tag=1, queue="q"):
+    return Inbound(queue, msg, tag, False, 0)
+
+
+def tier_model(tier: int, rnd: int, value: float, shape=(2,)) -> TierModel:
+    return TierModel(
+        id=f"tm{tier}-r{rnd}",
+        tier=tier,
+        round=rnd,
+        base_version=0,
+        n_samples=10,
+        clients=(1, 2),
+        bytes_up=100,
+        bytes_down=200,
+        late=1,
+        closed_at=0.0,
+        layers=encode_model([np.full(shape, value, np.float32)], ["w"], "raw"),
+    )
+
+
+def aggregator(tiers=3) -> Aggregator:
+    return Aggregator(AggregatorConfig(num_tiers=tiers, codec="raw"), STRATEGIES["fedat"])
+
+
+def test_each_tier_model_yields_a_global_model_with_fedat_weights():
+    a = aggregator()
+    outs = []
+    for i, (tier, rnd, value) in enumerate([(1, 1, 1.0), (1, 2, 2.0), (3, 1, 8.0)]):
+        fx = a.handle(inbound(tier_model(tier, rnd, value), tag=i + 1), 0.0)
+        assert fx.ack == (i + 1,)
+        outs.append(fx.publish[0].message)
+    assert [g.version for g in outs] == [1, 2, 3]
+    last = outs[-1]
+    # counts [2, 0, 1]: reported tiers 1 and 3 mirror each other: tier 1 gets 1/3, tier 3 gets 2/3
+    assert last.tier_counts == (2, 0, 1) and last.tier_rounds == (2, 0, 1)
+    np.testing.assert_allclose(last.tier_weights, [1 / 3, 0, 2 / 3])
+    np.testing.assert_allclose(decode_model(last.layers)[0], 2.0 / 3 + 8.0 * 2 / 3, rtol=1e-6)
+    assert last.bytes_up == 300 and last.bytes_down == 600 and last.late == 3 and last.updates == 6
+
+
+def test_a_redelivered_tier_model_is_merged_once():
+    a = aggregator()
+    a.handle(inbound(tier_model(2, 1, 1.0)), 0.0)
+    fx = a.handle(inbound(tier_model(2, 1, 1.0), tag=2), 0.0)
+    assert fx.publish == () and fx.ack == (2,)
+    assert a.counts == [0, 1, 0]
+
+
+def test_stale_foreign_and_misshapen_tier_models_are_rejected():
+    a = aggregator()
+    a.handle(inbound(tier_model(1, 2, 1.0)), 0.0)
+    stale = tier_model(1, 1, 1.0)
+    with pytest.raises(Reject, match="stale round"):
+        a.handle(inbound(stale), 0.0)
+    with pytest.raises(Reject, match="outside 1..3"):
+        a.handle(inbound(tier_model(4, 1, 1.0)), 0.0)
+    with pytest.raises(Reject, match="shapes"):
+        a.handle(inbound(tier_model(2, 1, 1.0, shape=(3,))), 0.0)
+
+
+def test_the_seed_model_is_adopted_and_the_aggregators_own_outputs_ignored():
+    a = aggregator(1)
+    seed = GlobalModel(
+        id="g0",
+        version=0,
+        tier=0,
+        tier_round=0,
+        tier_rounds=(0,),
+        tier_counts=(0,),
+        tier_weights=(0.0,),
+        bytes_up=0,
+        bytes_down=0,
+        late=0,
+        updates=0,
+        created_at=0.0,
+        layers=encode_model([np.zeros(2, np.float32)], ["dense/kernel"], "raw"),
+    )
+    assert a.handle(inbound(seed), 0.0).publish == ()
+    out = a.handle(inbound(tier_model(1, 1, 1.0), tag=2), 0.0).publish[0].message
+    assert [layer.name for layer in out.layers] == ["dense/kernel"]
+
+
+def answer(task: TrainTask, latency: float, tier=0, rnd=0) -> Update:
+    return Update(
+        id=f"u-{task.id}-{rnd}",
+        task_id=task.id,
+        client=task.client,
+        tier=tier,
+        round=rnd,
+        base_version=0,
+        n_samples=1,
+        loss=0.0,
+        dispatched_at=task.sent_at,
+        started_at=0.0,
+        finished_at=0.0,
+        train_seconds=0.0,
+        not_before=task.sent_at + latency,
+        late=False,
+        layers=(),
+    )
+
+
+def test_profiling_is_rate_limited_and_ends_in_an_assignment():
+    p = Profiler(ProfilerConfig(num_clients=4, num_tiers=2, concurrency=2, retier_every=100))
+    fx = p.on_start(0.0)
+    first = [o.message for o in fx.publish]
+    assert [t.client for t in first] == [0, 1] and all(o.routing_key == topology.PROFILE_KEY for o in fx.publish)
+    assert fx.timers == ((300.0, "profile-deadline"),)
+    latencies = {0: 9.0, 1: 1.0, 2: 5.0, 3: 2.0}
+    tasks = list(first)
+    assignment = None
+    for i in range(4):
+        fx = p.handle(inbound(answer(tasks[i], latencies[tasks[i].client]), tag=i), 0.0)
+        tasks += [o.message for o in fx.publish if isinstance(o.message, TrainTask)]
+        assignment = next((o.message for o in fx.publish if o.exchange == topology.CONTROL), assignment)
+    assert assignment is not None and assignment.tiers == ((1, 3), (2, 0))
+    assert assignment.latencies == latencies
+
+
+def test_profiling_deadline_assigns_the_clients_that_answered():
+    p = Profiler(ProfilerConfig(num_clients=5, num_tiers=2, concurrency=5))
+    tasks = [o.message for o in p.on_start(0.0).publish]
+    for t in tasks[:3]:
+        p.handle(inbound(answer(t, float(t.client + 1))), 0.0)
+    fx = p.on_timer("profile-deadline", 300.0)
+    (out,) = fx.publish
+    assert sorted(c for tier in out.message.tiers for c in tier) == [0, 1, 2]
+
+
+def test_a_client_that_slows_down_is_moved_to_a_slower_tier():
+    p = Profiler(
+        ProfilerConfig(num_clients=4, num_tiers=2, concurrency=4, retier_every=2, drift_fraction=0.2, ewma_alpha=1.0)
+    )
+    tasks = [o.message for o in p.on_start(0.0).publish]
+    for t in tasks:
+        p.handle(inbound(answer(t, [1.0, 2.0, 8.0, 9.0][t.client])), 0.0)
+    assert tier_of(p.tiers)[0] == 1
+    p.handle(inbound(answer(tasks[0], 50.0, tier=1, rnd=1)), 0.0)
+    fx = p.handle(inbound(answer(tasks[0], 50.0, tier=1, rnd=2)), 0.0)
+    (out,) = fx.publish
+    assert out.message.epoch == 2 and tier_of(out.message.tiers)[0] == 2
