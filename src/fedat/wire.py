@@ -182,6 +182,28 @@ class Evaluation:
     kind: str = field(default="evaluation", init=False)
 
 
+def seed_model(
+    weights: Sequence[np.ndarray], names: Sequence[str], num_tiers: int, codec: str, precision: int, now: float
+) -> GlobalModel:
+    """The version-0 global model w0: no tier has reported, so every count and weight is 0."""
+    zeros = (0,) * num_tiers
+    return GlobalModel(
+        id="g0",
+        version=0,
+        tier=0,
+        tier_round=0,
+        tier_rounds=zeros,
+        tier_counts=zeros,
+        tier_weights=(0.0,) * num_tiers,
+        bytes_up=0,
+        bytes_down=0,
+        late=0,
+        updates=0,
+        created_at=now,
+        layers=encode_model(weights, names, codec, precision),
+    )
+
+
 Message = TrainTask | Update | TierModel | GlobalModel | TierAssignment | Evaluation
 KINDS: dict[str, type] = {
     cls.__dataclass_fields__["kind"].default: cls

@@ -9,57 +9,16 @@ import pytest
 
 from fedat import topology
 from fedat.tiering import tier_of
-from fedat.wire import GlobalModel, TierAssignment, TrainTask, Update, decode_model, encode_model
+from fedat.wire import TierAssignment, TrainTask, Update, decode_model, encode_model
 from fedat_aggregator.aggregator import Aggregator, AggregatorConfig
 from fedat_aggregator.barrier import Barrier, BarrierConfig
 from fedat_aggregator.strategy import STRATEGIES
 from fedat_profiler.profiler import Profiler, ProfilerConfig
 
+from ..factories import SHAPES, answer, seed
 from .broker import close_connections, fetch, fetch_n, publish, queue_types, running
 
 pytestmark = pytest.mark.broker
-SHAPES = [(3, 2), (2,)]
-
-
-def seed(tiers: int, shapes=SHAPES) -> GlobalModel:
-    zeros = (0,) * tiers
-    w0 = [np.zeros(s, np.float32) for s in shapes]
-    return GlobalModel(
-        id="g0",
-        version=0,
-        tier=0,
-        tier_round=0,
-        tier_rounds=zeros,
-        tier_counts=zeros,
-        tier_weights=(0.0,) * tiers,
-        bytes_up=0,
-        bytes_down=0,
-        late=0,
-        updates=0,
-        created_at=time.time(),
-        layers=encode_model(w0, [f"layer{i}" for i in range(len(shapes))], "raw"),
-    )
-
-
-def answer(task: TrainTask, value: float, n: int, not_before: float = 0.0) -> Update:
-    weights = [np.full(layer.shape, value, np.float32) for layer in task.layers]
-    return Update(
-        id=f"u-{task.id}",
-        task_id=task.id,
-        client=task.client,
-        tier=task.tier,
-        round=task.round,
-        base_version=task.version,
-        n_samples=n,
-        loss=0.5,
-        dispatched_at=task.sent_at,
-        started_at=task.sent_at,
-        finished_at=time.time(),
-        train_seconds=0.01,
-        not_before=not_before,
-        late=False,
-        layers=encode_model(weights, [layer.name for layer in task.layers], task.codec, task.precision),
-    )
 
 
 def start_tier(url: str, clients: tuple[int, ...], shapes=SHAPES) -> None:
@@ -67,7 +26,7 @@ def start_tier(url: str, clients: tuple[int, ...], shapes=SHAPES) -> None:
         id="a1", epoch=1, tiers=(clients,), latencies={c: 0.1 for c in clients}, created_at=time.time()
     )
     publish(url, topology.CONTROL, "", assignment, num_tiers=1)
-    publish(url, topology.GLOBAL, "", seed(1, shapes), num_tiers=1)
+    publish(url, topology.GLOBAL, "", seed(1, shapes, time.time()), num_tiers=1)
 
 
 def barrier(**kw) -> Barrier:

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from fedat import topology
 from fedat.service import Inbound, Reject
-from fedat.wire import GlobalModel, TierAssignment, TrainTask, Update, decode_model, encode_model
+from fedat.wire import GlobalModel, TierAssignment, TrainTask, Update, decode_model
 from fedat_aggregator.barrier import Barrier, BarrierConfig
 from fedat_aggregator.strategy import STRATEGIES
+
+from ..factories import answer, seed
 
 SHAPES = [(2,)]
 
@@ -25,43 +29,20 @@ class Feed:
         return self.barrier.handle(Inbound(queue, msg, self.tag, False, 0), now)
 
 
-def seed_model(version=0, tier=0, tier_round=0, rounds=(0,)):
-    layers = encode_model([np.zeros(s, np.float32) for s in SHAPES], ["w"], "raw")
-    return GlobalModel(
+def global_model(version: int, tier: int, tier_round: int, rounds: tuple[int, ...]) -> GlobalModel:
+    return replace(
+        seed(1, SHAPES),
         id=f"g{version}",
         version=version,
         tier=tier,
         tier_round=tier_round,
         tier_rounds=rounds,
         tier_counts=rounds,
-        tier_weights=(0.0,),
-        bytes_up=0,
-        bytes_down=0,
-        late=0,
-        updates=0,
-        created_at=0.0,
-        layers=layers,
     )
 
 
 def update(task: TrainTask, value: float, n: int = 1, not_before: float = 0.0) -> Update:
-    return Update(
-        id=f"u-{task.id}",
-        task_id=task.id,
-        client=task.client,
-        tier=task.tier,
-        round=task.round,
-        base_version=task.version,
-        n_samples=n,
-        loss=0.0,
-        dispatched_at=0.0,
-        started_at=0.0,
-        finished_at=0.0,
-        train_seconds=0.0,
-        not_before=not_before,
-        late=False,
-        layers=encode_model([np.full(s, value, np.float32) for s in SHAPES], ["w"], "raw"),
-    )
+    return answer(task, value, n, not_before)
 
 
 def opened(k=3, min_clients=2, clients=(0, 1, 2, 3)):
@@ -71,7 +52,7 @@ def opened(k=3, min_clients=2, clients=(0, 1, 2, 3)):
     )
     feed = Feed(b)
     feed(topology.BARRIER_ASSIGNMENTS, TierAssignment("a1", 1, (clients,), {c: 1.0 for c in clients}, 0.0))
-    fx = feed(topology.BARRIER_GLOBAL, seed_model())
+    fx = feed(topology.BARRIER_GLOBAL, seed(1, SHAPES))
     tasks = [o.message for o in fx.publish]
     return b, feed, fx, tasks
 
@@ -156,7 +137,7 @@ def test_stale_unknown_and_foreign_updates_are_rejected():
 def test_the_next_round_opens_only_when_the_tier_model_is_merged():
     b, feed, _, tasks = opened(k=1, min_clients=1)
     feed(topology.barrier_queue(1), update(tasks[0], 1.0))
-    fx = feed(topology.BARRIER_GLOBAL, seed_model(version=1, tier=1, tier_round=1, rounds=(1,)))
+    fx = feed(topology.BARRIER_GLOBAL, global_model(1, 1, 1, (1,)))
     (nxt,) = [o.message for o in fx.publish]
     assert nxt.round == 2 and nxt.version == 1
     assert fx.ack == (4,)

@@ -10,30 +10,10 @@ from fedat import config, topology
 from fedat.bus import publish_once
 from fedat.runtime import setup_logging
 from fedat.service import Outgoing
-from fedat.wire import GlobalModel, encode_model
+from fedat.wire import seed_model
 from fedat_worker.workload import workload_from_env
 
 log = logging.getLogger(__name__)
-
-
-def seed_model(weights, names, num_tiers: int, codec: str, precision: int, now: float) -> GlobalModel:
-    """The version-0 global model: no tier has reported, every weight is 0."""
-    zeros = (0,) * num_tiers
-    return GlobalModel(
-        id="g0",
-        version=0,
-        tier=0,
-        tier_round=0,
-        tier_rounds=zeros,
-        tier_counts=zeros,
-        tier_weights=(0.0,) * num_tiers,
-        bytes_up=0,
-        bytes_down=0,
-        late=0,
-        updates=0,
-        created_at=now,
-        layers=encode_model(weights, names, codec, precision),
-    )
 
 
 def main() -> None:
