@@ -3,10 +3,10 @@ aggregator side (barrier + global aggregator) merge rate for the paper's CNN. Us
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -15,9 +15,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fedat import broker_admin, topology  # noqa: E402
-from fedat.wire import TrainTask, Update, encode_model  # noqa: E402
+from fedat.wire import TierAssignment, TrainTask, Update, encode_model  # noqa: E402
+from tests.factories import seed  # noqa: E402
 from tests.integration.broker import fetch, fetch_n, publish, running  # noqa: E402
-from tests.integration.test_pipeline import start_tier  # noqa: E402
 
 N_TASKS = 16
 EPOCHS = 1
@@ -93,40 +93,28 @@ def through_pipeline(url: str) -> float:
         proc.wait()
 
 
-def aggregator_side(url: str, rounds: int = 20, per_round: int = 10) -> float:
-    """Updates/s merged by barrier + aggregator for CNN-sized polyline updates answered instantly."""
-    from fedat_aggregator.aggregator import Aggregator, AggregatorConfig
-    from fedat_aggregator.barrier import Barrier, BarrierConfig
-    from fedat_aggregator.strategy import STRATEGIES
+def fake_clients(url: str, payload, tiers: int, stop) -> None:
+    """Answer every train task at once with the same CNN-sized update (a separate process)."""
+    import pika
 
-    rng = np.random.default_rng(1)
-    payload = cnn_layers(rng)
-    b = Barrier(
-        BarrierConfig(tiers=(1,), clients_per_round=per_round, min_clients=per_round, min_deadline=60),
-        STRATEGIES["fedat"],
-    )
-    a = Aggregator(AggregatorConfig(num_tiers=1), STRATEGIES["fedat"])
-    stop = threading.Event()
+    from fedat import wire
 
-    def fake_clients():
-        import pika
-
-        conn = pika.BlockingConnection(pika.URLParameters(url))
-        ch = conn.channel()
-        ch.confirm_delivery()
-        while not stop.is_set():
-            method, _, body = ch.basic_get(topology.train_queue(1), auto_ack=True)
+    conn = pika.BlockingConnection(pika.URLParameters(url))
+    ch = conn.channel()
+    ch.confirm_delivery()
+    while not stop.is_set():
+        idle = True
+        for m in range(1, tiers + 1):
+            method, _, body = ch.basic_get(topology.train_queue(m), auto_ack=True)
             if method is None:
-                time.sleep(0.005)
                 continue
-            from fedat import wire
-
+            idle = False
             t = wire.decode(body)
             u = Update(
                 id=f"u-{t.id}",
                 task_id=t.id,
                 client=t.client,
-                tier=1,
+                tier=m,
                 round=t.round,
                 base_version=t.version,
                 n_samples=480,
@@ -139,22 +127,45 @@ def aggregator_side(url: str, rounds: int = 20, per_round: int = 10) -> float:
                 late=False,
                 layers=payload,
             )
-            ch.basic_publish(topology.RESULTS, topology.tier_key(1), wire.encode(u), mandatory=True)
-        conn.close()
+            ch.basic_publish(topology.RESULTS, topology.tier_key(m), wire.encode(u), mandatory=True)
+        if idle:
+            time.sleep(0.002)
+    conn.close()
 
-    with running(b, url, 1, prefetch=200), running(a, url, 1):
-        th = threading.Thread(target=fake_clients, daemon=True)
-        th.start()
-        start_tier(url, tuple(range(100)), shapes=CNN_SHAPES)
-        t0 = time.perf_counter()
-        seen = 0
-        while seen < rounds:
+
+def aggregator_side(url: str, versions: int = 60, tiers: int = 5, per_round: int = 10) -> float:
+    """Updates/s merged by barrier + aggregator (5 tiers, as in the main job) for CNN-sized polyline updates."""
+    from fedat_aggregator.aggregator import Aggregator, AggregatorConfig
+    from fedat_aggregator.barrier import Barrier, BarrierConfig
+    from fedat_aggregator.strategy import STRATEGIES
+
+    payload = cnn_layers(np.random.default_rng(1))
+    cfg = BarrierConfig(
+        tiers=tuple(range(1, tiers + 1)), clients_per_round=per_round, min_clients=per_round, min_deadline=60
+    )
+    b = Barrier(cfg, STRATEGIES["fedat"])
+    a = Aggregator(AggregatorConfig(num_tiers=tiers), STRATEGIES["fedat"])
+    stop = multiprocessing.Event()
+    # The clients run in their own process, as they would in a deployment, so they do not share our GIL.
+    clients = multiprocessing.Process(target=fake_clients, args=(url, payload, tiers, stop), daemon=True)
+    groups = tuple(tuple(range(m * 20, (m + 1) * 20)) for m in range(tiers))
+    assignment = TierAssignment(
+        id="a1", epoch=1, tiers=groups, latencies={c: 0.1 for g in groups for c in g}, created_at=time.time()
+    )
+    with running(b, url, tiers, prefetch=400), running(a, url, tiers):
+        clients.start()
+        publish(url, topology.CONTROL, "", assignment, num_tiers=tiers)
+        publish(url, topology.GLOBAL, "", seed(tiers, CNN_SHAPES, time.time()), num_tiers=tiers)
+        first = last = None
+        while last is None or last.version < versions:
             g = fetch(url, topology.RECORDER_GLOBAL, timeout=120)
             assert g is not None, "aggregator produced nothing"
-            seen = max(seen, g.version)
-        elapsed = time.perf_counter() - t0
+            if g.version >= 1 and first is None:
+                first = g
+            last = g
         stop.set()
-    return rounds * per_round / elapsed
+        clients.join(timeout=10)
+    return (last.updates - first.updates) / (last.created_at - first.created_at)
 
 
 def main() -> None:
@@ -164,7 +175,11 @@ def main() -> None:
         return
     name = f"fedat-bench-{uuid.uuid4().hex[:8]}"
     url = broker_admin.create_vhost(name)
+    only_aggregator = sys.argv[1:] == ["aggregator"]
     try:
+        if only_aggregator:
+            print(f"aggregator side: {aggregator_side(url):.0f} updates merged/s")
+            return
         env = {**os.environ, **ENV}
         bare_rate = float(
             subprocess.run([sys.executable, __file__, "bare"], env=env, capture_output=True, text=True, check=True)
@@ -177,7 +192,7 @@ def main() -> None:
         print(f"| bare LocalTrainer | {bare_rate:.2f} |\n| through the broker (worker process) | {pipe_rate:.2f} |")
         print(f"| **ratio pipeline / bare** | **{pipe_rate / bare_rate:.0%}** (target >= 85%) |")
         agg = aggregator_side(url)
-        print("\n## Aggregator side (barrier + global aggregator), CNN updates, polyline p=4\n")
+        print("\n## Aggregator side (barrier + global aggregator, 5 tiers x 10 clients), CNN updates, polyline p=4\n")
         print(f"| updates merged/s | {agg:.0f} | (target >= 100) |\n|---|---:|---|")
     finally:
         broker_admin.delete_vhost(name)

@@ -14,13 +14,16 @@ RESULTS = "fedat.results"  # topic: routing key tier-<m> or "profile"
 TIER_MODELS = "fedat.tier-models"  # fanout
 GLOBAL = "fedat.global"  # fanout
 CONTROL = "fedat.control"  # fanout: tier assignments
-EVENTS = "fedat.events"  # fanout: evaluations
+EVENTS = "fedat.events"  # topic: routing key "evaluation" or "round-report"
 DLX = "fedat.dlx"  # fanout: dead letters
 
 DEAD_LETTERS = "fedat.dead-letters"
 PROFILE_KEY = "profile"
 PROFILE_QUEUE = "fedat.train.profile"
 PROFILER_RESULTS = "fedat.profiler.results"
+PROFILER_REPORTS = "fedat.profiler.round-reports"
+EVALUATION_KEY = "evaluation"
+ROUND_REPORT_KEY = "round-report"
 AGGREGATOR_TIER_MODELS = "fedat.aggregator.tier-models"
 AGGREGATOR_GLOBAL = "fedat.aggregator.global"
 BARRIER_GLOBAL = "fedat.barrier.global"
@@ -84,7 +87,7 @@ EXCHANGES: dict[str, str] = {
     TIER_MODELS: "fanout",
     GLOBAL: "fanout",
     CONTROL: "fanout",
-    EVENTS: "fanout",
+    EVENTS: "topic",
     DLX: "fanout",
 }
 
@@ -98,14 +101,16 @@ def queues(num_tiers: int) -> tuple[Queue, ...]:
     return (
         *per_tier,
         _work_queue(PROFILE_QUEUE, (TRAIN, PROFILE_KEY)),
-        _work_queue(PROFILER_RESULTS, (RESULTS, "#")),
+        # Only profiling answers: round latencies come as small round reports, never as model updates.
+        _work_queue(PROFILER_RESULTS, (RESULTS, PROFILE_KEY)),
+        _work_queue(PROFILER_REPORTS, (EVENTS, ROUND_REPORT_KEY)),
         _work_queue(AGGREGATOR_TIER_MODELS, (TIER_MODELS, "")),
         _work_queue(AGGREGATOR_GLOBAL, (GLOBAL, "")),
         _work_queue(BARRIER_GLOBAL, (GLOBAL, "")),
         _work_queue(BARRIER_ASSIGNMENTS, (CONTROL, "")),
         _observer_queue(EVALUATOR_GLOBAL, (GLOBAL, "")),
         _observer_queue(RECORDER_GLOBAL, (GLOBAL, "")),
-        _work_queue(RECORDER_EVENTS, (EVENTS, "")),
+        _work_queue(RECORDER_EVENTS, (EVENTS, EVALUATION_KEY)),
         # Bounded so that a long run's stale stragglers cannot fill the disk; the oldest go first.
         Queue(DEAD_LETTERS, ((DLX, ""),), {"x-queue-type": "quorum", "x-max-length": DEAD_LETTER_MAX_LENGTH}),
     )

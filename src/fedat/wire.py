@@ -169,6 +169,23 @@ class TierAssignment:
 
 
 @dataclass(frozen=True)
+class RoundReport:
+    """Response latencies seen in one closed tier round: dispatch to (effective) arrival, and who never answered.
+
+    Small on purpose: the profiler learns latencies from these instead of receiving every model update.
+    """
+
+    id: str
+    tier: int
+    round: int
+    latencies: Mapping[int, float]
+    missing: tuple[int, ...]
+    waited: float
+    closed_at: float
+    kind: str = field(default="round-report", init=False)
+
+
+@dataclass(frozen=True)
 class Evaluation:
     """Scores of global model `version` on every client's test split."""
 
@@ -204,10 +221,10 @@ def seed_model(
     )
 
 
-Message = TrainTask | Update | TierModel | GlobalModel | TierAssignment | Evaluation
+Message = TrainTask | Update | TierModel | GlobalModel | TierAssignment | RoundReport | Evaluation
 KINDS: dict[str, type] = {
     cls.__dataclass_fields__["kind"].default: cls
-    for cls in (TrainTask, Update, TierModel, GlobalModel, TierAssignment, Evaluation)
+    for cls in (TrainTask, Update, TierModel, GlobalModel, TierAssignment, RoundReport, Evaluation)
 }
 
 
@@ -410,6 +427,8 @@ _VALIDATORS: dict[str, Callable[[str, Any], Any]] = {
     "codec": _codec,
     "precision": _precision,
     "clients": _int_tuple,
+    "missing": _int_tuple,
+    "waited": _nonneg_float,
     "tier_counts": _int_tuple,
     "tier_rounds": _int_tuple,
     "tier_weights": _float_tuple,

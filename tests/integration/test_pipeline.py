@@ -9,7 +9,7 @@ import pytest
 
 from fedat import topology
 from fedat.tiering import tier_of
-from fedat.wire import TierAssignment, TrainTask, Update, decode_model, encode_model
+from fedat.wire import RoundReport, TierAssignment, Update, decode_model, encode_model
 from fedat_aggregator.aggregator import Aggregator, AggregatorConfig
 from fedat_aggregator.barrier import Barrier, BarrierConfig
 from fedat_aggregator.strategy import STRATEGIES
@@ -160,18 +160,12 @@ def test_profiling_assigns_tiers_and_a_slowed_client_is_moved(vhost_url):
             )
         a1 = fetch(vhost_url, topology.BARRIER_ASSIGNMENTS)
         assert a1.epoch == 1 and a1.tiers == ((0, 1), (2, 3))
-        slow = next(t for t in tasks if t.client == 0)
-        for r in (1, 2):  # client 0 becomes the slowest of all
-            task = TrainTask(
-                **{
-                    **{f: getattr(slow, f) for f in slow.__dataclass_fields__ if f != "kind"},
-                    "id": f"t1-r{r}-c0-v0",
-                    "tier": 1,
-                    "round": r,
-                    "sent_at": time.time(),
-                }
+        # The barrier reports that client 0 took 100 s in two rounds: it becomes the slowest of all.
+        for r in (1, 2):
+            rr = RoundReport(
+                id=f"rr1-r{r}", tier=1, round=r, latencies={0: 100.0}, missing=(), waited=100.0, closed_at=time.time()
             )
-            publish(vhost_url, topology.RESULTS, topology.tier_key(1), answer(task, 0.0, 1, task.sent_at + 100.0), 2)
+            publish(vhost_url, topology.EVENTS, topology.ROUND_REPORT_KEY, rr, 2)
         a2 = fetch(vhost_url, topology.BARRIER_ASSIGNMENTS)
         assert a2 is not None and a2.epoch == 2
         assert tier_of(a2.tiers)[0] == 2 and tier_of(a1.tiers)[0] == 1

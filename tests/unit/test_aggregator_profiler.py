@@ -8,7 +8,7 @@ import pytest
 from fedat import topology
 from fedat.service import Inbound, Reject
 from fedat.tiering import tier_of
-from fedat.wire import GlobalModel, TierModel, TrainTask, Update, decode_model, encode_model
+from fedat.wire import GlobalModel, RoundReport, TierModel, TrainTask, Update, decode_model, encode_model
 from fedat_aggregator.aggregator import Aggregator, AggregatorConfig
 from fedat_aggregator.strategy import STRATEGIES
 from fedat_profiler.profiler import Profiler, ProfilerConfig
@@ -143,6 +143,12 @@ def test_profiling_deadline_assigns_the_clients_that_answered():
     assert sorted(c for tier in out.message.tiers for c in tier) == [0, 1, 2]
 
 
+def report(rnd: int, latencies: dict[int, float], missing=(), waited=0.0) -> RoundReport:
+    return RoundReport(
+        id=f"rr1-r{rnd}", tier=1, round=rnd, latencies=latencies, missing=tuple(missing), waited=waited, closed_at=0.0
+    )
+
+
 def test_a_client_that_slows_down_is_moved_to_a_slower_tier():
     p = Profiler(
         ProfilerConfig(num_clients=4, num_tiers=2, concurrency=4, retier_every=2, drift_fraction=0.2, ewma_alpha=1.0)
@@ -151,7 +157,22 @@ def test_a_client_that_slows_down_is_moved_to_a_slower_tier():
     for t in tasks:
         p.handle(inbound(answer(t, [1.0, 2.0, 8.0, 9.0][t.client])), 0.0)
     assert tier_of(p.tiers)[0] == 1
-    p.handle(inbound(answer(tasks[0], 50.0, tier=1, rnd=1)), 0.0)
-    fx = p.handle(inbound(answer(tasks[0], 50.0, tier=1, rnd=2)), 0.0)
+    fx = p.handle(inbound(report(1, {0: 50.0, 1: 2.0})), 0.0)
     (out,) = fx.publish
     assert out.message.epoch == 2 and tier_of(out.message.tiers)[0] == 2
+
+
+def test_a_client_that_never_answers_counts_as_slow_as_the_wait():
+    p = Profiler(ProfilerConfig(num_clients=4, num_tiers=2, concurrency=4, retier_every=1, ewma_alpha=1.0))
+    tasks = [o.message for o in p.on_start(0.0).publish]
+    for t in tasks:
+        p.handle(inbound(answer(t, [1.0, 2.0, 8.0, 9.0][t.client])), 0.0)
+    p.handle(inbound(report(1, {0: 1.0}, missing=(1,), waited=30.0)), 0.0)
+    assert p.latency[1] == 30.0 and tier_of(p.tiers)[1] == 2
+
+
+def test_the_profiler_rejects_round_updates():
+    p = Profiler(ProfilerConfig(num_clients=2, num_tiers=1))
+    (task, _) = [o.message for o in p.on_start(0.0).publish]
+    with pytest.raises(Reject, match="only takes profiling answers"):
+        p.handle(inbound(answer(task, 1.0, tier=1, rnd=1)), 0.0)

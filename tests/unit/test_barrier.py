@@ -69,9 +69,11 @@ def test_updates_are_held_until_the_round_closes_then_acked_together():
     held = [feed(topology.barrier_queue(1), update(t, float(i), n=i + 1)) for i, t in enumerate(tasks[:2])]
     assert all(fx.ack == () and fx.publish == () for fx in held)
     fx = feed(topology.barrier_queue(1), update(tasks[2], 2.0, n=3))
-    (out,) = fx.publish
+    out, report = fx.publish
     assert out.exchange == topology.TIER_MODELS and sorted(fx.ack) == [3, 4, 5]
     np.testing.assert_allclose(decode_model(out.message.layers)[0], (0 * 1 + 1 * 2 + 2 * 3) / 6)
+    assert report.routing_key == topology.ROUND_REPORT_KEY
+    assert set(report.message.latencies) == {t.client for t in tasks} and report.message.missing == ()
 
 
 def test_a_duplicate_is_counted_once():
@@ -102,6 +104,7 @@ def test_deadline_closes_with_the_minimum_and_reissues_below_it():
     feed(topology.barrier_queue(1), update(re, 3.0))
     fx = b.on_timer("deadline:1:1", 10.0)
     assert fx.publish[0].message.clients == tuple(sorted([tasks[0].client, re.client]))
+    assert fx.publish[1].message.missing == tuple(sorted(t.client for t in tasks[1:]))  # the two stragglers
 
 
 def test_stale_unknown_and_foreign_updates_are_rejected():

@@ -16,6 +16,7 @@ from fedat.wire import (
     Evaluation,
     GlobalModel,
     Layer,
+    RoundReport,
     TierAssignment,
     TierModel,
     TrainTask,
@@ -119,7 +120,13 @@ def _evaluation() -> Evaluation:
     return Evaluation(id="e-1", version=12, accuracy=0.875, loss=0.4, variance=0.01, n_clients=100, evaluated_at=11.0)
 
 
-MESSAGES = [_task(), _update(), _tier_model(), _global(), _assignment(), _evaluation()]
+def _report() -> RoundReport:
+    return RoundReport(
+        id="rr1-r3", tier=1, round=3, latencies={4: 2.5, 7: 3.0}, missing=(9,), waited=6.0, closed_at=12.0
+    )
+
+
+MESSAGES = [_task(), _update(), _tier_model(), _global(), _assignment(), _report(), _evaluation()]
 LAYERED = [_task(), _update(), _tier_model(), _global()]
 
 
@@ -168,6 +175,7 @@ def test_kinds_registry_names_every_message():
         "update": Update,
         "tier-model": TierModel,
         "global-model": GlobalModel,
+        "round-report": RoundReport,
         "tier-assignment": TierAssignment,
         "evaluation": Evaluation,
     }

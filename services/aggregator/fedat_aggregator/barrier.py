@@ -18,6 +18,7 @@ from fedat import topology
 from fedat.service import NOTHING, Effects, Inbound, Outgoing, Reject, done
 from fedat.wire import (
     GlobalModel,
+    RoundReport,
     TierAssignment,
     TierModel,
     TrainTask,
@@ -70,6 +71,7 @@ class _Round:
     arrivals: dict[int, _Arrival] = field(default_factory=dict)
     extra_tags: list[int] = field(default_factory=list)  # duplicates and late answers, acked at close
     target: int = 0  # answers wanted: the number of clients first selected
+    tasks_sent: tuple[int, ...] = ()
     bytes_down: int = 0
     reissues: int = 0
 
@@ -306,6 +308,7 @@ class Barrier:
             closed_at=now,
             layers=encode_model(merged, names, self.cfg.tier_codec, self.cfg.precision),
         )
+        rnd.tasks_sent = tuple(rnd.tasks)
         rnd.tasks = None  # closed: further timers and updates for it are stale
         for a in included:
             self.merged[a.update.id] = None
@@ -316,5 +319,20 @@ class Barrier:
             self.metrics.rounds_closed.labels(str(rnd.tier)).inc()
             self.metrics.round_seconds.labels(str(rnd.tier)).observe(now - rnd.opened_at)
             self.metrics.updates_merged.labels(str(rnd.tier)).inc(len(included))
+        report = RoundReport(
+            id=f"rr{rnd.tier}-r{rnd.number}",
+            tier=rnd.tier,
+            round=rnd.number,
+            latencies={a.update.client: a.effective - a.update.dispatched_at for a in included},
+            missing=tuple(sorted(c for c in rnd.tasks_sent if c not in {a.update.client for a in included})),
+            waited=now - rnd.opened_at,
+            closed_at=now,
+        )
         acks = tuple(a.tag for a in included) + tuple(late_tags) + tuple(rnd.extra_tags)
-        return Effects(publish=(Outgoing(topology.TIER_MODELS, "", tier_model),), ack=acks)
+        return Effects(
+            publish=(
+                Outgoing(topology.TIER_MODELS, "", tier_model),
+                Outgoing(topology.EVENTS, topology.ROUND_REPORT_KEY, report),
+            ),
+            ack=acks,
+        )

@@ -1,7 +1,9 @@
 """The tiering module: profiles every client's response latency, assigns tiers, re-tiers on drift.
 
 Latency is measured the same way for the profiling pass and for every completed task: from the task's dispatch
-to the update's arrival, where an update counts as arriving at max(received, not_before).
+to the update's arrival, where an update counts as arriving at max(received, not_before). Profiling answers come
+as (model-less) updates; round latencies come from the barrier's small round reports, where a client that never
+answered counts as at least as slow as the round's whole wait.
 """
 
 from __future__ import annotations
@@ -9,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedat import topology
-from fedat.service import Effects, Inbound, Outgoing, done
+from fedat.service import Effects, Inbound, Outgoing, Reject, done
 from fedat.tiering import Tiers, assign_tiers, ewma, moved_clients
-from fedat.wire import TierAssignment, TrainTask, Update
+from fedat.wire import RoundReport, TierAssignment, TrainTask, Update
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,7 @@ class Profiler:
 
     def subscriptions(self) -> dict[str, type]:
         """Every client update (profiling answers and round answers)."""
-        return {topology.PROFILER_RESULTS: Update}
+        return {topology.PROFILER_RESULTS: Update, topology.PROFILER_REPORTS: RoundReport}
 
     def on_start(self, now: float) -> Effects:
         """Start the profiling pass once; after a reconnect only re-arm its deadline (published tasks are durable)."""
@@ -68,24 +70,32 @@ class Profiler:
         return Effects()
 
     def handle(self, inbound: Inbound, now: float) -> Effects:
-        """Record one latency sample; finish profiling or re-tier when due."""
-        u: Update = inbound.message
-        sample = max(now, u.not_before) - u.dispatched_at
-        if u.tier == 0:
-            self.latency[u.client] = sample
-            self.outstanding.discard(u.client)
-            effects = done(inbound) + self._dispatch(now)
-            if self.tiers is None and not self.queue and not self.outstanding:
-                effects = effects + self._assign(now)
-            return effects
-        self.latency[u.client] = ewma(self.latency.get(u.client), sample, self.cfg.ewma_alpha)
-        if self.metrics:
-            self.metrics.latency.labels(str(u.tier)).observe(sample)
-        self.samples_since += 1
+        """A profiling answer, or a round report with many latency samples."""
+        msg = inbound.message
+        if isinstance(msg, RoundReport):
+            return done(inbound) + self._on_report(msg, now)
+        if msg.tier != 0:
+            raise Reject(f"update {msg.id}: the profiler only takes profiling answers (tier 0), got tier {msg.tier}")
+        self.latency[msg.client] = max(now, msg.not_before) - msg.dispatched_at
+        self.outstanding.discard(msg.client)
+        effects = done(inbound) + self._dispatch(now)
+        if self.tiers is None and not self.queue and not self.outstanding:
+            effects = effects + self._assign(now)
+        return effects
+
+    def _on_report(self, report: RoundReport, now: float) -> Effects:
+        samples = dict(report.latencies)
+        for c in report.missing:  # no answer within the round: at least as slow as the wait
+            samples[c] = max(report.waited, self.latency.get(c, 0.0))
+        for client, sample in samples.items():
+            self.latency[client] = ewma(self.latency.get(client), sample, self.cfg.ewma_alpha)
+            if self.metrics:
+                self.metrics.latency.labels(str(report.tier)).observe(sample)
+        self.samples_since += len(samples)
         if self.tiers is not None and self.samples_since >= self.cfg.retier_every:
             self.samples_since = 0
-            return done(inbound) + self._retier(now)
-        return done(inbound)
+            return self._retier(now)
+        return Effects()
 
     def _dispatch(self, now: float) -> Effects:
         tasks = []

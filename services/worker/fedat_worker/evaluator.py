@@ -70,4 +70,4 @@ class Evaluator:
             n_clients=len(self.tests),
             evaluated_at=self.clock(),
         )
-        return done(inbound, Outgoing(topology.EVENTS, "", ev))
+        return done(inbound, Outgoing(topology.EVENTS, topology.EVALUATION_KEY, ev))

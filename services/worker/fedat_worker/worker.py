@@ -106,7 +106,8 @@ class Worker:
             train_seconds=result.seconds,
             not_before=not_before,
             late=finished > not_before,
-            layers=encode_model(result.weights, self.names, task.codec, task.precision),
+            # A profiling answer is only timed: its model would be thrown away, so it is not sent.
+            layers=encode_model(result.weights, self.names, task.codec, task.precision) if task.tier else (),
         )
         if self.metrics:
             tier = str(task.tier)
