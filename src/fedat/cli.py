@@ -1,4 +1,4 @@
-"""The `fedat` command: `fedat run EXPERIMENT.yaml [--minutes M]`."""
+"""The `fedat` command: `fedat run EXPERIMENT.yaml [--minutes M]`, `fedat compare COMPARISON.yaml`."""
 
 from __future__ import annotations
 
@@ -18,9 +18,18 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--minutes", type=float, default=None, help="wall-clock budget (default: the experiment's)")
     r.add_argument("--results", type=Path, default=Path("results"))
     r.add_argument("--amqp-url", default=None, help="use this broker/vhost instead of a fresh local vhost")
+    c = sub.add_parser("compare", help="run several methods with the same budget and seed, then tabulate")
+    c.add_argument("comparison", type=Path)
+    c.add_argument("--minutes", type=float, default=None, help="budget per method (default: the file's)")
+    c.add_argument("--results", type=Path, default=Path("results"))
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
-    run(load_experiment(args.experiment), args.results, args.minutes, args.amqp_url)
+    if args.command == "run":
+        run(load_experiment(args.experiment), args.results, args.minutes, args.amqp_url)
+    else:
+        from fedat.compare_run import compare
+
+        compare(args.comparison, args.results, args.minutes)
 
 
 if __name__ == "__main__":

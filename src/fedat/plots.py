@@ -33,3 +33,24 @@ def plot_run(folder: Path) -> None:
         fig.tight_layout()
         fig.savefig(folder / name, dpi=100)
         plt.close(fig)
+
+
+def plot_comparison(folder: Path, results) -> None:
+    """All methods on one chart: accuracy vs time, and accuracy vs cumulative uploaded MB (log x)."""
+    for name, xlabel, pick, log in (
+        ("compare_accuracy_vs_time.png", "wall-clock time (s)", lambda p: p[0], False),
+        ("compare_accuracy_vs_bytes.png", "cumulative uploaded MB", lambda p: max(p[2], 1) / 1e6, True),
+    ):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for r in results:
+            if r.curve:
+                ax.plot([pick(p) for p in r.curve], [p[1] for p in r.curve], marker=".", label=r.name)
+        if log:
+            ax.set_xscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("mean client test accuracy")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(folder / name, dpi=100)
+        plt.close(fig)

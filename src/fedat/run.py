@@ -136,9 +136,11 @@ def wait_connected(ports: list[int], procs: Processes, timeout: float) -> None:
     raise RuntimeError(f"services did not connect within {timeout:.0f}s")
 
 
-def run(exp: Experiment, results: Path, minutes: float | None = None, amqp_url: str | None = None) -> dict:
+def run(
+    exp: Experiment, results: Path, minutes: float | None = None, amqp_url: str | None = None, tag: str = ""
+) -> dict:
     """Run one experiment end to end and return its summary."""
-    run_id = f"{time.strftime('%Y%m%d-%H%M%S')}-{exp.name}-{uuid.uuid4().hex[:4]}"
+    run_id = tag or f"{time.strftime('%Y%m%d-%H%M%S')}-{exp.name}-{uuid.uuid4().hex[:4]}"
     out = results / run_id
     out.mkdir(parents=True)
     vhost = None
@@ -183,6 +185,8 @@ def run(exp: Experiment, results: Path, minutes: float | None = None, amqp_url: 
             port += 1
         print(f"[fedat] run {run_id}: starting {exp.workers} workers, evaluator, aggregator, barrier ...", flush=True)
         wait_connected(ports, procs, timeout=180)
+        with state.lock:  # the clock of events.jsonl starts with the profiling pass, not with process start-up
+            state.started_at = time.time()
         # Profiling starts only now, so that worker start-up does not count as client latency.
         procs.start("profiler", SERVICES["profiler"], {"FEDAT_METRICS_PORT": str(port)})
         procs.start("seed", SERVICES["seed"], {"FEDAT_METRICS_PORT": "0"})
@@ -207,6 +211,7 @@ def run(exp: Experiment, results: Path, minutes: float | None = None, amqp_url: 
             broker_admin.delete_vhost(vhost)
     summary = summarize(exp, state, time.time() - started)
     summary["failure"] = failure
+    summary["run_dir"] = str(out)
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     try:
         from fedat.plots import plot_run

@@ -1,0 +1,73 @@
+"""`fedat compare`: run several methods one after another with the same data, seed and budget, then tabulate."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import yaml
+
+from fedat.compare import MethodResult, accuracy_table, traffic_table
+from fedat.run import Experiment, load_experiment, run
+
+
+def load_comparison(path: Path) -> tuple[str, float, list[float], list[Experiment]]:
+    """A comparison file: a base experiment plus per-method setting overrides."""
+    raw = yaml.safe_load(path.read_text())
+    if not isinstance(raw, dict) or not isinstance(raw.get("methods"), dict) or "base" not in raw:
+        raise ValueError(f"{path}: expected 'name', 'base' (an experiment file), 'targets' and a 'methods' map")
+    base = load_experiment(path.parent / raw["base"])
+    name = str(raw.get("name", path.stem))
+    minutes = float(raw.get("minutes", base.minutes))
+    exps = [
+        Experiment(
+            f"{name}-{method}", int(raw.get("workers", base.workers)), minutes, {**base.settings, **(overrides or {})}
+        )
+        for method, overrides in raw["methods"].items()
+    ]
+    return name, minutes, [float(t) for t in raw.get("targets", [0.5])], exps
+
+
+def curve(run_dir: Path) -> list[tuple[float, float, int, int]]:
+    """(time, accuracy, bytes up, bytes down) of every evaluation of a run."""
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    return [(e["time"], e["accuracy"], e["bytes_up"], e["bytes_down"]) for e in events if e["event"] == "evaluation"]
+
+
+def compare(path: Path, results: Path, minutes: float | None = None) -> str:
+    """Run every method of the comparison file; write compare.md, compare.json and the plots; return the Markdown."""
+    name, budget, targets, exps = load_comparison(path)
+    budget = budget if minutes is None else minutes
+    out = results / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}"
+    out.mkdir(parents=True)
+    done: list[MethodResult] = []
+    for exp in exps:
+        method = exp.name.removeprefix(f"{name}-")
+        print(f"[fedat compare] {method}: {budget:g} min", flush=True)
+        summary = run(exp, out, budget, tag=method)
+        done.append(MethodResult(method, summary, curve(Path(summary["run_dir"]))))
+    reference = "fedat" if any(r.name == "fedat" for r in done) else done[0].name
+    md = "\n\n".join(
+        [
+            f"# {name}: {len(done)} methods, {budget:g} min each, seed {exps[0].settings.get('seed', 0)}",
+            "## Accuracy and per-client variance (the paper's Table 1)",
+            accuracy_table(done, reference),
+            "## Traffic and time to target accuracy (the paper's Table 2)",
+            traffic_table(done, targets, reference),
+            "## Rounds per tier",
+            "\n".join(f"- {r.name}: {r.summary.get('tier_rounds')}" for r in done),
+        ]
+    )
+    (out / "compare.md").write_text(md + "\n")
+    (out / "compare.json").write_text(
+        json.dumps({r.name: {"summary": r.summary, "curve": r.curve} for r in done}, indent=2)
+    )
+    try:
+        from fedat.plots import plot_comparison
+
+        plot_comparison(out, done)
+    except ImportError:
+        pass
+    print(md, flush=True)
+    return md
