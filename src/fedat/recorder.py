@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from fedat import topology
-from fedat.service import Effects, Inbound, done
+from fedat.service import Effects, Inbound, Reactive, done
 from fedat.wire import Evaluation, GlobalModel
 
 
@@ -28,7 +28,7 @@ class RunState:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-class Recorder:
+class Recorder(Reactive):
     """One `global` line per global update and one `evaluation` line per score, as they arrive."""
 
     name = "recorder"
@@ -39,14 +39,6 @@ class Recorder:
     def subscriptions(self) -> dict[str, type]:
         """Global models and evaluation events."""
         return {topology.RECORDER_GLOBAL: GlobalModel, topology.RECORDER_EVENTS: Evaluation}
-
-    def on_start(self, now: float) -> Effects:
-        """No held state."""
-        return Effects()
-
-    def on_timer(self, key: str, now: float) -> Effects:
-        """No timers."""
-        return Effects()
 
     def handle(self, inbound: Inbound, now: float) -> Effects:
         """Append one line."""

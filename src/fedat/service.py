@@ -91,3 +91,15 @@ class Service(Protocol):
     def on_timer(self, key: str, now: float) -> Effects:
         """A timer armed through Effects.timers fired."""
         ...
+
+
+class Reactive:
+    """For services that only react to messages: nothing to re-arm after a reconnect, no timers."""
+
+    def on_start(self, now: float) -> Effects:
+        """Nothing held, nothing to re-arm."""
+        return NOTHING
+
+    def on_timer(self, key: str, now: float) -> Effects:
+        """No timers."""
+        return NOTHING

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from fedat import topology
 from fedat.aggregate import Weights
-from fedat.service import Effects, Inbound, Outgoing, Reject, done
+from fedat.service import Effects, Inbound, Outgoing, Reactive, Reject, done
 from fedat.wire import GlobalModel, TierModel, decode_model, encode_model
 from fedat_aggregator.strategy import CrossTier, Strategy
 
@@ -20,7 +20,7 @@ class AggregatorConfig:
     precision: int = 4
 
 
-class Aggregator:
+class Aggregator(Reactive):
     """Asynchronous cross-tier merge; idempotent on tier-model ids."""
 
     name = "aggregator"
@@ -40,14 +40,6 @@ class Aggregator:
     def subscriptions(self) -> dict[str, type]:
         """Tier models to merge; global models to adopt the seed (version 0)."""
         return {topology.AGGREGATOR_TIER_MODELS: TierModel, topology.AGGREGATOR_GLOBAL: GlobalModel}
-
-    def on_start(self, now: float) -> Effects:
-        """State lives in memory and survives reconnects: every input was acked only after its output was confirmed."""
-        return Effects()
-
-    def on_timer(self, key: str, now: float) -> Effects:
-        """No timers."""
-        return Effects()
 
     def handle(self, inbound: Inbound, now: float) -> Effects:
         """Adopt the seed model, or merge a tier model."""

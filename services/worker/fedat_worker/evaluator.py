@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedat import topology
-from fedat.service import Effects, Inbound, Outgoing, done
+from fedat.service import Effects, Inbound, Outgoing, Reactive, done
 from fedat.wire import Evaluation, GlobalModel, decode_model
 
 
@@ -26,7 +26,7 @@ def score(per_client: list[tuple[float, float, int]]) -> tuple[float, float, flo
     return float(acc.mean()), float(loss.mean()), float(acc.var())
 
 
-class Evaluator:
+class Evaluator(Reactive):
     """Evaluates every `every`-th global version (and always the first one it sees)."""
 
     name = "evaluator"
@@ -39,14 +39,6 @@ class Evaluator:
     def subscriptions(self) -> dict[str, type]:
         """Global models (a bounded observer queue: a slow evaluator skips versions, never blocks anyone)."""
         return {topology.EVALUATOR_GLOBAL: GlobalModel}
-
-    def on_start(self, now: float) -> Effects:
-        """Stateless apart from the last evaluated version."""
-        return Effects()
-
-    def on_timer(self, key: str, now: float) -> Effects:
-        """No timers."""
-        return Effects()
 
     def handle(self, inbound: Inbound, now: float) -> Effects:
         """Evaluate when due and publish the scores."""

@@ -15,7 +15,7 @@ import numpy as np
 
 from fedat import topology
 from fedat.latency import ClientProfile, StragglerProfile, response_latency, round_draw
-from fedat.service import Effects, Inbound, Outgoing, Reject, done
+from fedat.service import Effects, Inbound, Outgoing, Reactive, Reject, done
 from fedat.wire import TrainTask, Update, WireError, decode_model, encode_model
 
 
@@ -30,7 +30,7 @@ class WorkerConfig:
     seed: int = 0
 
 
-class Worker:
+class Worker(Reactive):
     """Serves train tasks for any client of the experiment."""
 
     name = "worker"
@@ -56,14 +56,6 @@ class Worker:
         if self.cfg.profile_queue:
             subs[topology.PROFILE_QUEUE] = TrainTask
         return subs
-
-    def on_start(self, now: float) -> Effects:
-        """Stateless between tasks."""
-        return Effects()
-
-    def on_timer(self, key: str, now: float) -> Effects:
-        """No timers."""
-        return Effects()
 
     def handle(self, inbound: Inbound, now: float) -> Effects:
         """Train one task and publish the update."""
