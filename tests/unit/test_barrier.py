@@ -154,3 +154,23 @@ def test_a_reconnect_forgets_held_updates_but_keeps_the_round_and_its_deadline()
     for t in tasks:  # the broker redelivers the held update; the other two arrive as usual
         fx = feed(topology.barrier_queue(1), update(t, 1.0))
     assert fx.publish and len(fx.ack) == 3
+
+
+def test_with_tifl_only_one_tier_runs_at_a_time():
+    b = Barrier(BarrierConfig(tiers=(1, 2), clients_per_round=1, min_clients=1, codec="raw"), STRATEGIES["tifl"])
+    feed = Feed(b)
+    feed(topology.BARRIER_ASSIGNMENTS, TierAssignment("a1", 1, ((0, 1), (2, 3)), {c: 1.0 for c in range(4)}, 0.0))
+    fx = feed(topology.BARRIER_GLOBAL, replace(seed(2, SHAPES)))
+    (task,) = [o.message for o in fx.publish]
+    fx = feed(topology.barrier_queue(task.tier), update(task, 1.0))
+    assert fx.publish[0].message.tier == task.tier  # closed; no other tier was opened meanwhile
+    merged = replace(
+        seed(2, SHAPES),
+        id="g1",
+        version=1,
+        tier=task.tier,
+        tier_round=1,
+        tier_rounds=tuple(1 if m == task.tier else 0 for m in (1, 2)),
+    )
+    fx = feed(topology.BARRIER_GLOBAL, merged)
+    assert len([o for o in fx.publish if isinstance(o.message, TrainTask)]) == 1  # the next single tier round

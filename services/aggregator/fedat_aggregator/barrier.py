@@ -28,7 +28,7 @@ from fedat.wire import (
     encode_model,
     model_bytes,
 )
-from fedat_aggregator.strategy import Strategy
+from fedat_aggregator.strategy import Strategy, TierStats
 
 MERGED_MEMORY = 10_000
 
@@ -91,6 +91,7 @@ class Barrier:
         self.model: GlobalModel | None = None
         self.last_round: dict[int, int] = {}  # last round of each tier merged into a global model
         self.closed_round: dict[int, int] = {}  # last round of each tier this barrier closed
+        self.tier_loss: dict[int, float] = {}  # training loss of each tier's last closed round
         self.open: dict[int, _Round] = {}
         self.waiting: list[tuple[Inbound, float]] = []  # updates seen before their round was opened
         # Ids of recently merged updates, so that a copy redelivered after its round closed is acked, not rejected.
@@ -217,9 +218,15 @@ class Barrier:
         effects = NOTHING
         if self.assignment is None or self.model is None:
             return effects
-        for m in self.cfg.tiers:
-            if m not in self.open:
-                effects = effects + self._open(m, now)
+        idle = [m for m in self.cfg.tiers if m not in self.open]
+        busy = [m for m in self.cfg.tiers if m in self.open]
+        n = len(self.assignment.tiers)
+        stats = TierStats(
+            rounds=tuple(self.closed_round.get(m, 0) for m in range(1, n + 1)),
+            losses=tuple(self.tier_loss.get(m, float("inf")) for m in range(1, n + 1)),
+        )
+        for m in self.strategy.schedule(idle, busy, stats, self.rng):
+            effects = effects + self._open(m, now)
         return effects
 
     def _open(self, tier: int, now: float) -> Effects:
@@ -308,6 +315,8 @@ class Barrier:
             closed_at=now,
             layers=encode_model(merged, names, self.cfg.tier_codec, self.cfg.precision),
         )
+        n = sum(a.update.n_samples for a in included)
+        self.tier_loss[rnd.tier] = sum(a.update.loss * a.update.n_samples for a in included) / n
         rnd.tasks_sent = tuple(rnd.tasks)
         rnd.tasks = None  # closed: further timers and updates for it are stale
         for a in included:

@@ -9,6 +9,7 @@ from typing import Protocol
 import numpy as np
 
 from fedat.aggregate import Weights, fedat_tier_weights, sample_weighted_average, uniform_tier_weights, weighted_average
+from fedat.tiering import tifl_probabilities
 
 
 @dataclass(frozen=True)
@@ -22,10 +23,24 @@ class CrossTier:
     staleness: int  # global versions published since the arrival's base version
 
 
+@dataclass(frozen=True)
+class TierStats:
+    """What the barrier knows about each tier (index 0 = fastest) when it decides which tiers run next."""
+
+    rounds: tuple[int, ...]  # rounds closed so far
+    losses: tuple[float, ...]  # sample-weighted training loss of the last closed round (inf: never ran)
+
+
 class Strategy(Protocol):
-    """Select clients for a round, merge a tier's round, merge the tiers into the global model."""
+    """Schedule tiers, select clients for a round, merge a tier's round, merge the tiers into the global model."""
 
     name: str
+
+    def schedule(
+        self, idle: Sequence[int], busy: Sequence[int], stats: TierStats, rng: np.random.Generator
+    ) -> list[int]:
+        """Which of the idle tiers (1 = fastest) start a round now, given the ones still running."""
+        ...
 
     def select_clients(self, candidates: Sequence[int], k: int, rng: np.random.Generator) -> list[int]:
         """Pick the clients of one tier round."""
@@ -52,6 +67,12 @@ class TierWeighted:
     name: str
     weigh: Callable[[Sequence[int]], np.ndarray]
 
+    def schedule(
+        self, idle: Sequence[int], busy: Sequence[int], stats: TierStats, rng: np.random.Generator
+    ) -> list[int]:
+        """Every tier loops on its own (Algorithm 2): all idle tiers start."""
+        return list(idle)
+
     def select_clients(self, candidates: Sequence[int], k: int, rng: np.random.Generator) -> list[int]:
         """Uniformly random k of the tier's clients."""
         return _random_subset(candidates, k, rng)
@@ -70,7 +91,49 @@ class TierWeighted:
         return weighted_average([view.tier_models[i] for i in present], w[present]), w
 
 
+@dataclass(frozen=True)
+class TiFL:
+    """TiFL (Chai et al., HPDC '20): one tier at a time, picked by adaptive probabilities, FedAvg inside.
+
+    The adaptive rule ranks tiers by accuracy and favours the worst; the barrier has no per-tier test accuracy,
+    so the tier's last-round training loss stands in for it (a tier that never ran counts as the worst).
+    `credits` caps how many rounds each tier may run (0 = no cap).
+    """
+
+    name: str = "tifl"
+    credits: int = 0
+
+    def schedule(
+        self, idle: Sequence[int], busy: Sequence[int], stats: TierStats, rng: np.random.Generator
+    ) -> list[int]:
+        """One tier, only when none is running, drawn with TiFL's probabilities."""
+        if busy or not idle:
+            return []
+        tiers = sorted(idle)
+        accuracy = [-stats.losses[m - 1] for m in tiers]
+        left = [1 if not self.credits else self.credits - stats.rounds[m - 1] for m in tiers]
+        p = tifl_probabilities(accuracy, left)
+        if p.sum() <= 0:
+            return []  # every tier has spent its credits
+        return [int(rng.choice(tiers, p=p))]
+
+    def select_clients(self, candidates: Sequence[int], k: int, rng: np.random.Generator) -> list[int]:
+        """Uniformly random k of the tier's clients."""
+        return _random_subset(candidates, k, rng)
+
+    def merge_tier(self, models: Sequence[Weights], n_samples: Sequence[int]) -> Weights:
+        """Sample-weighted average."""
+        return sample_weighted_average(models, n_samples)
+
+    def merge_global(self, view: CrossTier) -> tuple[Weights, np.ndarray]:
+        """Synchronous: the round started from the current global model, so its merge is the new global model."""
+        w = np.zeros(len(view.tier_models))
+        w[view.arrived] = 1.0
+        return [a.copy() for a in view.tier_models[view.arrived]], w
+
+
 STRATEGIES: dict[str, Strategy] = {
     "fedat": TierWeighted("fedat", fedat_tier_weights),
     "fedat-uniform": TierWeighted("fedat-uniform", uniform_tier_weights),
+    "tifl": TiFL(),
 }
