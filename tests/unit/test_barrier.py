@@ -174,3 +174,21 @@ def test_with_tifl_only_one_tier_runs_at_a_time():
     )
     fx = feed(topology.BARRIER_GLOBAL, merged)
     assert len([o for o in fx.publish if isinstance(o.message, TrainTask)]) == 1  # the next single tier round
+
+
+def test_fedasync_runs_concurrent_single_client_rounds_that_close_on_their_own():
+    from fedat_aggregator.strategy import FedAsync
+
+    b = Barrier(BarrierConfig(tiers=(1,), clients_per_round=1, min_clients=1, codec="raw"), FedAsync(concurrency=3))
+    feed = Feed(b)
+    feed(topology.BARRIER_ASSIGNMENTS, TierAssignment("a1", 1, ((0, 1, 2, 3, 4),), {c: 1.0 for c in range(5)}, 0.0))
+    fx = feed(topology.BARRIER_GLOBAL, seed(1, SHAPES))
+    tasks = [o.message for o in fx.publish]
+    assert [t.round for t in tasks] == [1, 2, 3] and len({t.client for t in tasks}) == 3  # distinct idle clients
+    fx = feed(topology.barrier_queue(1), update(tasks[2], 1.0))  # round 3 finishes first
+    assert fx.publish[0].message.round == 3
+    merged = replace(seed(1, SHAPES), id="g1", version=1, tier=1, tier_round=3, tier_rounds=(3,))
+    fx = feed(topology.BARRIER_GLOBAL, merged)
+    (nxt,) = [o.message for o in fx.publish]
+    assert nxt.round == 4 and nxt.version == 1 and nxt.client not in {tasks[0].client, tasks[1].client}
+    assert feed(topology.barrier_queue(1), update(tasks[0], 1.0)).publish  # round 1 still counts after round 3

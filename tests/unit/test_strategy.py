@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedat_aggregator.strategy import STRATEGIES, CrossTier, TierStats, TierWeighted, TiFL
+from fedat_aggregator.strategy import STRATEGIES, CrossTier, FedAsync, TierStats, TierWeighted, TiFL
 
 FEDAT = STRATEGIES["fedat"]
 UNIFORM = STRATEGIES["fedat-uniform"]
@@ -100,27 +100,43 @@ def stats(rounds, losses):
     return TierStats(tuple(rounds), tuple(losses))
 
 
-def test_fedat_schedules_every_idle_tier():
-    assert FEDAT.schedule([1, 3], [2], stats([1, 1, 1], [0.5] * 3), np.random.default_rng(0)) == [1, 3]
+def test_fedat_schedules_every_tier_whose_round_is_merged():
+    assert FEDAT.schedule({1: 0, 2: 1, 3: 0}, stats([1, 1, 1], [0.5] * 3), np.random.default_rng(0)) == [1, 3]
 
 
 def test_tifl_runs_one_tier_at_a_time():
     tifl = STRATEGIES["tifl"]
     rng = np.random.default_rng(0)
-    assert tifl.schedule([1, 3], [2], stats([1, 1, 1], [0.5] * 3), rng) == []
-    assert len(tifl.schedule([1, 2, 3], [], stats([0, 0, 0], [float("inf")] * 3), rng)) == 1
+    assert tifl.schedule({1: 0, 2: 1, 3: 0}, stats([1, 1, 1], [0.5] * 3), rng) == []
+    assert len(tifl.schedule({1: 0, 2: 0, 3: 0}, stats([0, 0, 0], [float("inf")] * 3), rng)) == 1
 
 
 def test_tifl_favours_the_worst_tier_and_respects_credits():
     rng = np.random.default_rng(0)
     tifl = TiFL(credits=2)
+    idle = {1: 0, 2: 0, 3: 0}
     # losses: tier 3 is worst (highest loss) -> weight 3/6; tier 1 best -> 1/6
-    picks = [tifl.schedule([1, 2, 3], [], stats([0, 0, 0], [0.1, 0.5, 0.9]), rng)[0] for _ in range(600)]
+    picks = [tifl.schedule(idle, stats([0, 0, 0], [0.1, 0.5, 0.9]), rng)[0] for _ in range(600)]
     share = np.bincount(picks, minlength=4)[1:] / 600
     np.testing.assert_allclose(share, [1 / 6, 2 / 6, 3 / 6], atol=0.06)
     # tier 3 has spent its 2 credits: only tiers 1 and 2 remain
-    assert {tifl.schedule([1, 2, 3], [], stats([0, 0, 2], [0.1, 0.5, 0.9]), rng)[0] for _ in range(50)} <= {1, 2}
-    assert tifl.schedule([1, 2, 3], [], stats([2, 2, 2], [0.1, 0.5, 0.9]), rng) == []
+    assert {tifl.schedule(idle, stats([0, 0, 2], [0.1, 0.5, 0.9]), rng)[0] for _ in range(50)} <= {1, 2}
+    assert tifl.schedule(idle, stats([2, 2, 2], [0.1, 0.5, 0.9]), rng) == []
+
+
+def test_fedasync_keeps_each_tier_topped_up_to_its_concurrency():
+    assert FedAsync(concurrency=3).schedule({1: 1}, stats([0], [0.0]), np.random.default_rng(0)) == [1, 1]
+
+
+def test_fedasync_mixes_with_staleness():
+    fa = FedAsync(alpha=0.5, staleness="polynomial")
+    g = [f32(0, 0)]
+    # staleness 3: s = (3 + 1) ** -0.5 = 0.5, so a = 0.25: 0.75 * 0 + 0.25 * [4, 8] = [1, 2]
+    model, w = fa.merge_global(CrossTier(g, ([f32(4, 8)],), (1,), 0, 3))
+    np.testing.assert_allclose(model[0], [1.0, 2.0])
+    np.testing.assert_allclose(w, [0.25])
+    fresh, _ = fa.merge_global(CrossTier(g, ([f32(4, 8)],), (1,), 0, 0))
+    np.testing.assert_allclose(fresh[0], [2.0, 4.0])
 
 
 def test_tifl_global_model_is_the_arriving_tier_model():

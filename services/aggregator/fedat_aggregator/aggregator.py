@@ -58,10 +58,6 @@ class Aggregator(Reactive):
             return done(inbound)
         if not 1 <= tm.tier <= self.cfg.num_tiers:
             raise Reject(f"tier-model {tm.id}: tier {tm.tier} outside 1..{self.cfg.num_tiers}")
-        if tm.round <= self.rounds[tm.tier - 1]:
-            raise Reject(
-                f"stale round: tier {tm.tier} round {tm.round} already merged (last {self.rounds[tm.tier - 1]})"
-            )
         model = decode_model(tm.layers)
         reference = next((w for w in self.tier_models if w is not None), None)
         if reference is not None and [a.shape for a in model] != [a.shape for a in reference]:
@@ -69,7 +65,7 @@ class Aggregator(Reactive):
         i = tm.tier - 1
         self.tier_models[i] = model
         self.counts[i] += 1
-        self.rounds[i] = tm.round
+        self.rounds[i] = max(self.rounds[i], tm.round)  # concurrent rounds of one tier may finish out of order
         view = CrossTier(
             self.global_model, tuple(self.tier_models), tuple(self.counts), i, self.version - tm.base_version
         )

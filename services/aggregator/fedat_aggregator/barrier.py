@@ -89,10 +89,12 @@ class Barrier:
     def _reset(self) -> None:
         self.assignment: TierAssignment | None = None
         self.model: GlobalModel | None = None
-        self.last_round: dict[int, int] = {}  # last round of each tier merged into a global model
-        self.closed_round: dict[int, int] = {}  # last round of each tier this barrier closed
+        self.next_round: dict[int, int] = {}  # number of each tier's next round
+        self.closed: dict[int, int] = {}  # rounds of each tier this barrier closed
         self.tier_loss: dict[int, float] = {}  # training loss of each tier's last closed round
-        self.open: dict[int, _Round] = {}
+        # Open rounds, and closed ones whose tier model is not merged yet, by (tier, round); a strategy may run
+        # several rounds of one tier at once (e.g. FedAsync's concurrent single-client rounds).
+        self.rounds: dict[tuple[int, int], _Round] = {}
         self.waiting: list[tuple[Inbound, float]] = []  # updates seen before their round was opened
         # Ids of recently merged updates, so that a copy redelivered after its round closed is acked, not rejected.
         self.merged: OrderedDict[str, None] = OrderedDict()
@@ -113,7 +115,7 @@ class Barrier:
         """
         self.waiting = []
         timers = []
-        for rnd in self.open.values():
+        for rnd in self.rounds.values():
             if rnd.tasks is not None:
                 rnd.arrivals.clear()
                 rnd.extra_tags.clear()
@@ -143,26 +145,26 @@ class Barrier:
             return done(inbound)
         self.model = msg
         for m, r in enumerate(msg.tier_rounds, start=1):
-            self.last_round[m] = max(self.last_round.get(m, 0), r)
+            self.next_round[m] = max(self.next_round.get(m, 1), r + 1)
         effects = done(inbound)
-        rnd = self.open.get(msg.tier)
-        if rnd is not None and rnd.number <= msg.tier_round:
-            del self.open[msg.tier]  # merged: the tier loops on with the new global model
+        rnd = self.rounds.pop((msg.tier, msg.tier_round), None)  # merged: the tier loops on with the new model
+        if rnd is not None and rnd.tasks is not None:  # superseded after a restart: the merged round counted these
+            effects = effects + Effects(ack=tuple(a.tag for a in rnd.arrivals.values()) + tuple(rnd.extra_tags))
         return effects + self._open_idle_tiers(now)
 
     def _on_update(self, inbound: Inbound, u: Update, now: float) -> Effects:
         if self.assignment is not None and not any(u.client in t for t in self.assignment.tiers):
             raise Reject(f"unknown client {u.client}: not in tier assignment {self.assignment.epoch}")
-        rnd = self.open.get(u.tier)
+        rnd = self.rounds.get((u.tier, u.round))
         if u.id in self.merged:
             if self.metrics:
                 self.metrics.duplicates.labels(str(u.tier)).inc()
             return done(inbound)  # a redelivered copy of an update already merged: idempotent, not stale
-        if u.round <= max(self.last_round.get(u.tier, 0), self.closed_round.get(u.tier, 0)):
-            raise Reject(f"stale round: tier {u.tier} round {u.round} is already closed")
-        if rnd is None or u.round != rnd.number:
+        if rnd is None and u.round >= self.next_round.get(u.tier, 1):
             self.waiting.append((inbound, now))  # its round is not (re)opened yet, e.g. after a restart
             return NOTHING
+        if rnd is None or rnd.tasks is None:
+            raise Reject(f"stale round: tier {u.tier} round {u.round} is already closed")
         if rnd.tasks.get(u.client) != u.task_id:
             raise Reject(f"client {u.client} was not given task {u.task_id} in tier {u.tier} round {u.round}")
         if u.base_version != rnd.base_version:
@@ -203,8 +205,8 @@ class Barrier:
     def on_timer(self, key: str, now: float) -> Effects:
         """Round deadlines and deferred closes (key 'deadline:<tier>:<round>' or 'close:<tier>:<round>')."""
         what, tier, number = key.split(":")
-        rnd = self.open.get(int(tier))
-        if rnd is None or rnd.number != int(number) or rnd.tasks is None:  # closed or superseded
+        rnd = self.rounds.get((int(tier), int(number)))
+        if rnd is None or rnd.tasks is None:  # closed or superseded
             return NOTHING
         if what == "close":  # timers may fire a hair early: the round closes at its last arrival
             return self._close(rnd, max([now] + [a.effective for a in rnd.arrivals.values()]))
@@ -218,25 +220,26 @@ class Barrier:
         effects = NOTHING
         if self.assignment is None or self.model is None:
             return effects
-        idle = [m for m in self.cfg.tiers if m not in self.open]
-        busy = [m for m in self.cfg.tiers if m in self.open]
+        busy = {m: sum(1 for t, _ in self.rounds if t == m) for m in self.cfg.tiers}
         n = len(self.assignment.tiers)
         stats = TierStats(
-            rounds=tuple(self.closed_round.get(m, 0) for m in range(1, n + 1)),
+            rounds=tuple(self.closed.get(m, 0) for m in range(1, n + 1)),
             losses=tuple(self.tier_loss.get(m, float("inf")) for m in range(1, n + 1)),
         )
-        for m in self.strategy.schedule(idle, busy, stats, self.rng):
+        for m in self.strategy.schedule(busy, stats, self.rng):
             effects = effects + self._open(m, now)
         return effects
 
     def _open(self, tier: int, now: float) -> Effects:
-        candidates = self.assignment.tiers[tier - 1]
+        training = {c for (t, _), r in self.rounds.items() if t == tier and r.tasks for c in r.tasks}
+        candidates = [c for c in self.assignment.tiers[tier - 1] if c not in training]
         if not candidates:
             return NOTHING
-        number = max(self.last_round.get(tier, 0), self.closed_round.get(tier, 0)) + 1
+        number = self.next_round.get(tier, 1)
+        self.next_round[tier] = number + 1
         clients = self.strategy.select_clients(candidates, self.cfg.clients_per_round, self.rng)
         rnd = _Round(tier, number, self.model.version, now, 0.0, {}, target=len(clients))
-        self.open[tier] = rnd
+        self.rounds[(tier, number)] = rnd
         effects = self._dispatch(rnd, clients, now)
         # Updates that arrived before this round opened (after a restart) are replayed now.
         pending, self.waiting = self.waiting, []
@@ -323,7 +326,7 @@ class Barrier:
             self.merged[a.update.id] = None
         while len(self.merged) > MERGED_MEMORY:
             self.merged.popitem(last=False)
-        self.closed_round[rnd.tier] = rnd.number
+        self.closed[rnd.tier] = self.closed.get(rnd.tier, 0) + 1
         if self.metrics:
             self.metrics.rounds_closed.labels(str(rnd.tier)).inc()
             self.metrics.round_seconds.labels(str(rnd.tier)).observe(now - rnd.opened_at)

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
-from fedat.aggregate import Weights, fedat_tier_weights, sample_weighted_average, uniform_tier_weights, weighted_average
+from fedat.aggregate import (
+    STALENESS,
+    Weights,
+    fedasync_mix,
+    fedat_tier_weights,
+    sample_weighted_average,
+    uniform_tier_weights,
+    weighted_average,
+)
 from fedat.tiering import tifl_probabilities
 
 
@@ -36,10 +44,8 @@ class Strategy(Protocol):
 
     name: str
 
-    def schedule(
-        self, idle: Sequence[int], busy: Sequence[int], stats: TierStats, rng: np.random.Generator
-    ) -> list[int]:
-        """Which of the idle tiers (1 = fastest) start a round now, given the ones still running."""
+    def schedule(self, busy: Mapping[int, int], stats: TierStats, rng: np.random.Generator) -> list[int]:
+        """Tiers (1 = fastest; repeated to open several) that start a round now, given each tier's unmerged rounds."""
         ...
 
     def select_clients(self, candidates: Sequence[int], k: int, rng: np.random.Generator) -> list[int]:
@@ -67,11 +73,9 @@ class TierWeighted:
     name: str
     weigh: Callable[[Sequence[int]], np.ndarray]
 
-    def schedule(
-        self, idle: Sequence[int], busy: Sequence[int], stats: TierStats, rng: np.random.Generator
-    ) -> list[int]:
-        """Every tier loops on its own (Algorithm 2): all idle tiers start."""
-        return list(idle)
+    def schedule(self, busy: Mapping[int, int], stats: TierStats, rng: np.random.Generator) -> list[int]:
+        """Every tier loops on its own (Algorithm 2): each tier whose last round is merged starts the next."""
+        return [m for m, n in busy.items() if n == 0]
 
     def select_clients(self, candidates: Sequence[int], k: int, rng: np.random.Generator) -> list[int]:
         """Uniformly random k of the tier's clients."""
@@ -103,13 +107,11 @@ class TiFL:
     name: str = "tifl"
     credits: int = 0
 
-    def schedule(
-        self, idle: Sequence[int], busy: Sequence[int], stats: TierStats, rng: np.random.Generator
-    ) -> list[int]:
+    def schedule(self, busy: Mapping[int, int], stats: TierStats, rng: np.random.Generator) -> list[int]:
         """One tier, only when none is running, drawn with TiFL's probabilities."""
-        if busy or not idle:
+        if any(busy.values()) or not busy:
             return []
-        tiers = sorted(idle)
+        tiers = sorted(busy)
         accuracy = [-stats.losses[m - 1] for m in tiers]
         left = [1 if not self.credits else self.credits - stats.rounds[m - 1] for m in tiers]
         p = tifl_probabilities(accuracy, left)
@@ -132,8 +134,47 @@ class TiFL:
         return [a.copy() for a in view.tier_models[view.arrived]], w
 
 
+@dataclass(frozen=True)
+class FedAsync:
+    """FedAsync (Xie et al., 2019): clients train concurrently; each update is mixed in as it arrives.
+
+    Every round is one client (configure clients_per_round 1); `concurrency` rounds per tier run at once, each
+    restarting from the newest global model once its update is merged. The server step is
+    w <- (1 - a_t) w + a_t w_new with a_t = alpha * s(t - tau), s the staleness function.
+    """
+
+    name: str = "fedasync"
+    concurrency: int = 20
+    alpha: float = 0.6
+    staleness: str = "polynomial"
+
+    def schedule(self, busy: Mapping[int, int], stats: TierStats, rng: np.random.Generator) -> list[int]:
+        """Top every tier up to `concurrency` unmerged rounds."""
+        return [m for m, n in busy.items() for _ in range(max(0, self.concurrency - n))]
+
+    def select_clients(self, candidates: Sequence[int], k: int, rng: np.random.Generator) -> list[int]:
+        """Uniformly random idle clients."""
+        return _random_subset(candidates, k, rng)
+
+    def merge_tier(self, models: Sequence[Weights], n_samples: Sequence[int]) -> Weights:
+        """Sample-weighted average (a single client in FedAsync proper)."""
+        return sample_weighted_average(models, n_samples)
+
+    def merge_global(self, view: CrossTier) -> tuple[Weights, np.ndarray]:
+        """Mix the arriving model into the current global model, discounted by its staleness."""
+        new = view.tier_models[view.arrived]
+        w = np.zeros(len(view.tier_models))
+        if view.global_model is None:  # no seed model seen: the first arrival becomes the model
+            w[view.arrived] = 1.0
+            return [a.copy() for a in new], w
+        s = STALENESS[self.staleness](view.staleness)
+        w[view.arrived] = self.alpha * s
+        return fedasync_mix(view.global_model, new, self.alpha, s), w
+
+
 STRATEGIES: dict[str, Strategy] = {
     "fedat": TierWeighted("fedat", fedat_tier_weights),
     "fedat-uniform": TierWeighted("fedat-uniform", uniform_tier_weights),
     "tifl": TiFL(),
+    "fedasync": FedAsync(),
 }
