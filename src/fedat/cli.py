@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from pathlib import Path
 
 from fedat.run import load_experiment, run
@@ -24,12 +25,15 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--results", type=Path, default=Path("results"))
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
-    if args.command == "run":
-        run(load_experiment(args.experiment), args.results, args.minutes, args.amqp_url)
-    else:
-        from fedat.compare_run import compare
+    try:
+        if args.command == "run":
+            run(load_experiment(args.experiment), args.results, args.minutes, args.amqp_url)
+        else:
+            from fedat.compare_run import compare
 
-        compare(args.comparison, args.results, args.minutes)
+            compare(args.comparison, args.results, args.minutes)
+    except KeyboardInterrupt:
+        sys.exit(130)
 
 
 if __name__ == "__main__":

@@ -113,6 +113,9 @@ def _die_with_parent() -> None:
 
 
 def _interrupt(signum, frame) -> None:
+    # One request to stop is enough: a second signal must not abort the clean-up (vhost, children, summary).
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     raise KeyboardInterrupt
 
 
@@ -170,7 +173,9 @@ def run(
         daemon=True,
     )
     failure = None
-    signal.signal(signal.SIGTERM, _interrupt)  # stop like Ctrl-C: services stopped, vhost deleted, summary written
+    # Stop like Ctrl-C: services stopped, vhost deleted, summary written.
+    interrupted = False
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         recorder.start()
         port = 19100
@@ -198,6 +203,7 @@ def run(
                 raise RuntimeError(f"services died: {procs.dead()} (see {out / 'logs'})")
             print(_progress(state, time.time() - t0), flush=True)
     except KeyboardInterrupt:
+        interrupted = True
         print("\n[fedat] interrupted: stopping services", flush=True)
     except RuntimeError as exc:
         failure = str(exc)
@@ -209,6 +215,8 @@ def run(
         events.close()
         if vhost:
             broker_admin.delete_vhost(vhost)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     summary = summarize(exp, state, time.time() - started)
     summary["failure"] = failure
     summary["run_dir"] = str(out)
@@ -220,6 +228,8 @@ def run(
     except ImportError:
         print("[fedat] matplotlib missing: no plots", flush=True)
     print(json.dumps(summary, indent=2))
+    if interrupted:
+        raise KeyboardInterrupt  # after the clean-up and the summary: callers such as `fedat compare` stop too
     if failure:
         raise SystemExit(f"fedat run failed: {failure}")
     return summary
