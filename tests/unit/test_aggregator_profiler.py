@@ -175,3 +175,15 @@ def test_the_profiler_rejects_round_updates():
     (task, _) = [o.message for o in p.on_start(0.0).publish]
     with pytest.raises(Reject, match="only takes profiling answers"):
         p.handle(inbound(answer(task, 1.0, tier=1, rnd=1)), 0.0)
+
+
+def test_a_client_that_misses_too_many_rounds_is_dropped_from_the_tiers():
+    p = Profiler(ProfilerConfig(num_clients=5, num_tiers=2, concurrency=5, retier_every=1000, max_misses=2))
+    tasks = [o.message for o in p.on_start(0.0).publish]
+    for t in tasks:
+        p.handle(inbound(answer(t, float(t.client + 1))), 0.0)
+    assert p.handle(inbound(report(1, {0: 1.0}, missing=(4,), waited=9.0)), 0.0).publish == ()
+    p.handle(inbound(report(2, {4: 1.0}, missing=(), waited=9.0)), 0.0)  # an answer resets the count
+    assert p.handle(inbound(report(3, {}, missing=(4,), waited=9.0)), 0.0).publish == ()
+    (out,) = p.handle(inbound(report(4, {}, missing=(4,), waited=9.0)), 0.0).publish
+    assert 4 not in {c for tier in out.message.tiers for c in tier} and out.message.epoch == 2

@@ -36,6 +36,7 @@ def settings(env: Mapping[str, str]) -> Settings:
         retier_every=config.get_int(env, "FEDAT_RETIER_EVERY", d.retier_every),
         drift_fraction=config.get_float(env, "FEDAT_DRIFT_FRACTION", d.drift_fraction),
         ewma_alpha=config.get_float(env, "FEDAT_EWMA_ALPHA", d.ewma_alpha),
+        max_misses=config.get_int(env, "FEDAT_MAX_MISSES", d.max_misses),
         codec=config.get_str(env, "FEDAT_CODEC", d.codec),
         precision=config.get_int(env, "FEDAT_PRECISION", d.precision),
     )

@@ -17,6 +17,7 @@ class ProfilerMetrics:
     latency: Histogram
     assignments: Counter
     tier_size: Gauge
+    evicted: Counter
 
 
 def profiler_metrics() -> ProfilerMetrics:
@@ -33,4 +34,5 @@ def profiler_metrics() -> ProfilerMetrics:
         ),
         assignments=Counter("fedat_tier_assignments_total", "Tier assignments published", registry=r),
         tier_size=Gauge("fedat_tier_clients", "Clients in each tier", ["tier"], registry=r),
+        evicted=Counter("fedat_clients_evicted_total", "Clients dropped after too many unanswered rounds", registry=r),
     )

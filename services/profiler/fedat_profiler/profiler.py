@@ -30,6 +30,7 @@ class ProfilerConfig:
     retier_every: int = 50
     drift_fraction: float = 0.1
     ewma_alpha: float = 0.3
+    max_misses: int = 3  # consecutive unanswered rounds before a client is dropped from the tiers (0: never)
     codec: str = "polyline"
     precision: int = 4
 
@@ -49,6 +50,7 @@ class Profiler:
         self.epoch = 0
         self.tiers: Tiers | None = None
         self.samples_since = 0
+        self.misses: dict[int, int] = {}  # consecutive rounds each client was asked and did not answer
 
     def subscriptions(self) -> dict[str, type]:
         """Every client update (profiling answers and round answers)."""
@@ -85,13 +87,27 @@ class Profiler:
 
     def _on_report(self, report: RoundReport, now: float) -> Effects:
         samples = dict(report.latencies)
+        for c in report.latencies:
+            self.misses.pop(c, None)
+        evicted = []
         for c in report.missing:  # no answer within the round: at least as slow as the wait
-            samples[c] = max(report.waited, self.latency.get(c, 0.0))
+            self.misses[c] = self.misses.get(c, 0) + 1
+            if self.cfg.max_misses and self.misses[c] >= self.cfg.max_misses and c in self.latency:
+                evicted.append(c)  # gone for good (the paper's unstable clients): stop asking it
+            else:
+                samples[c] = max(report.waited, self.latency.get(c, 0.0))
+        for c in evicted:
+            del self.latency[c]
+            if self.metrics:
+                self.metrics.evicted.inc()
         for client, sample in samples.items():
             self.latency[client] = ewma(self.latency.get(client), sample, self.cfg.ewma_alpha)
             if self.metrics:
                 self.metrics.latency.labels(str(report.tier)).observe(sample)
         self.samples_since += len(samples)
+        if self.tiers is not None and evicted and len(self.latency) >= self.cfg.num_tiers:
+            self.samples_since = 0
+            return self._publish(assign_tiers(self.latency, self.cfg.num_tiers), now)
         if self.tiers is not None and self.samples_since >= self.cfg.retier_every:
             self.samples_since = 0
             return self._retier(now)
