@@ -95,7 +95,7 @@ class Barrier:
         # Open rounds, and closed ones whose tier model is not merged yet, by (tier, round); a strategy may run
         # several rounds of one tier at once (e.g. FedAsync's concurrent single-client rounds).
         self.rounds: dict[tuple[int, int], _Round] = {}
-        self.waiting: list[tuple[Inbound, float]] = []  # updates seen before their round was opened
+        self.waiting: list[Inbound] = []  # updates seen before their round was opened
         # Ids of recently merged updates, so that a copy redelivered after its round closed is acked, not rejected.
         self.merged: OrderedDict[str, None] = OrderedDict()
 
@@ -161,7 +161,7 @@ class Barrier:
                 self.metrics.duplicates.labels(str(u.tier)).inc()
             return done(inbound)  # a redelivered copy of an update already merged: idempotent, not stale
         if rnd is None and u.round >= self.next_round.get(u.tier, 1):
-            self.waiting.append((inbound, now))  # its round is not (re)opened yet, e.g. after a restart
+            self.waiting.append(inbound)  # its round is not (re)opened yet, e.g. after a restart
             return NOTHING
         if rnd is None or rnd.tasks is None:
             raise Reject(f"stale round: tier {u.tier} round {u.round} is already closed")
@@ -243,13 +243,13 @@ class Barrier:
         effects = self._dispatch(rnd, clients, now)
         # Updates that arrived before this round opened (after a restart) are replayed now.
         pending, self.waiting = self.waiting, []
-        for inbound, seen in pending:
-            effects = effects + self._replay(inbound, seen, now)
+        for inbound in pending:
+            effects = effects + self._replay(inbound, now)
         if self.metrics:
             self.metrics.rounds_opened.labels(str(tier)).inc()
         return effects
 
-    def _replay(self, inbound: Inbound, seen: float, now: float) -> Effects:
+    def _replay(self, inbound: Inbound, now: float) -> Effects:
         try:
             return self._on_update(inbound, inbound.message, now)
         except Reject as exc:
