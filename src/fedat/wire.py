@@ -138,12 +138,17 @@ class TierModel:
 
 @dataclass(frozen=True)
 class GlobalModel:
-    """The cross-tier weighted global model, published after every tier-model merge."""
+    """The cross-tier global model, published after a tier-model merge (or after a buffer of them, for FedBuff).
+
+    `tier`/`tier_round` name the arrival that produced this version; `merged` lists every (tier, round) folded
+    into it, so the barrier knows which of its closed rounds are done.
+    """
 
     id: str
     version: int
     tier: int
     tier_round: int
+    merged: tuple[tuple[int, int], ...]
     tier_rounds: tuple[int, ...]
     tier_counts: tuple[int, ...]
     tier_weights: tuple[float, ...]
@@ -209,6 +214,7 @@ def seed_model(
         version=0,
         tier=0,
         tier_round=0,
+        merged=(),
         tier_rounds=zeros,
         tier_counts=zeros,
         tier_weights=(0.0,) * num_tiers,
@@ -354,6 +360,14 @@ def _tiers(name: str, v: Any) -> tuple[tuple[int, ...], ...]:
     return tuple(_int_tuple(f"{name}[{i}]", t) for i, t in enumerate(_list(name, v)))
 
 
+def _pairs(name: str, v: Any) -> tuple[tuple[int, int], ...]:
+    pairs = _tiers(name, v)
+    for i, p in enumerate(pairs):
+        if len(p) != 2:
+            raise WireError(f"field '{name}[{i}]': expected a (tier, round) pair, got {len(p)} values")
+    return pairs
+
+
 def _latencies(name: str, v: Any) -> dict[int, float]:
     if not isinstance(v, dict):
         raise WireError(f"field '{name}': expected map, got {type(v).__name__}")
@@ -433,6 +447,7 @@ _VALIDATORS: dict[str, Callable[[str, Any], Any]] = {
     "tier_rounds": _int_tuple,
     "tier_weights": _float_tuple,
     "tiers": _tiers,
+    "merged": _pairs,
     "latencies": _latencies,
     "layers": _layers,
 }

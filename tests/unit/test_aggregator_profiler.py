@@ -80,6 +80,7 @@ def test_the_seed_model_is_adopted_and_the_aggregators_own_outputs_ignored():
         version=0,
         tier=0,
         tier_round=0,
+        merged=(),
         tier_rounds=(0,),
         tier_counts=(0,),
         tier_weights=(0.0,),
@@ -161,13 +162,16 @@ def test_a_client_that_slows_down_is_moved_to_a_slower_tier():
     assert out.message.epoch == 2 and tier_of(out.message.tiers)[0] == 2
 
 
-def test_a_client_that_never_answers_counts_as_slow_as_the_wait():
+def test_a_missing_client_keeps_its_latency_until_its_late_answer_reports_the_real_one():
     p = Profiler(ProfilerConfig(num_clients=4, num_tiers=2, concurrency=4, retier_every=1, ewma_alpha=1.0))
     tasks = [o.message for o in p.on_start(0.0).publish]
     for t in tasks:
         p.handle(inbound(answer(t, [1.0, 2.0, 8.0, 9.0][t.client])), 0.0)
     p.handle(inbound(report(1, {0: 1.0}, missing=(1,), waited=30.0)), 0.0)
-    assert p.latency[1] == 30.0 and tier_of(p.tiers)[1] == 2
+    assert p.latency[1] == 2.0 and tier_of(p.tiers)[1] == 1 and p.misses[1] == 1
+    late = RoundReport(id="late-u1", tier=1, round=1, latencies={1: 12.0}, missing=(), waited=0.0, closed_at=0.0)
+    p.handle(inbound(late), 0.0)
+    assert p.latency[1] == 12.0 and tier_of(p.tiers)[1] == 2 and 1 not in p.misses
 
 
 def test_the_profiler_rejects_round_updates():

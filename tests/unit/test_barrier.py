@@ -36,6 +36,7 @@ def global_model(version: int, tier: int, tier_round: int, rounds: tuple[int, ..
         version=version,
         tier=tier,
         tier_round=tier_round,
+        merged=((tier, tier_round),),
         tier_rounds=rounds,
         tier_counts=rounds,
     )
@@ -170,6 +171,7 @@ def test_with_tifl_only_one_tier_runs_at_a_time():
         version=1,
         tier=task.tier,
         tier_round=1,
+        merged=((task.tier, 1),),
         tier_rounds=tuple(1 if m == task.tier else 0 for m in (1, 2)),
     )
     fx = feed(topology.BARRIER_GLOBAL, merged)
@@ -187,8 +189,50 @@ def test_fedasync_runs_concurrent_single_client_rounds_that_close_on_their_own()
     assert [t.round for t in tasks] == [1, 2, 3] and len({t.client for t in tasks}) == 3  # distinct idle clients
     fx = feed(topology.barrier_queue(1), update(tasks[2], 1.0))  # round 3 finishes first
     assert fx.publish[0].message.round == 3
-    merged = replace(seed(1, SHAPES), id="g1", version=1, tier=1, tier_round=3, tier_rounds=(3,))
+    merged = replace(seed(1, SHAPES), id="g1", version=1, tier=1, tier_round=3, merged=((1, 3),), tier_rounds=(3,))
     fx = feed(topology.BARRIER_GLOBAL, merged)
     (nxt,) = [o.message for o in fx.publish]
     assert nxt.round == 4 and nxt.version == 1 and nxt.client not in {tasks[0].client, tasks[1].client}
     assert feed(topology.barrier_queue(1), update(tasks[0], 1.0)).publish  # round 1 still counts after round 3
+
+
+def test_an_answer_after_the_close_is_acked_and_reported_with_its_real_latency():
+    b, feed, _, tasks = opened(k=3, min_clients=1)
+    feed(topology.barrier_queue(1), update(tasks[0], 1.0), now=1.0)
+    feed(topology.barrier_queue(1), update(tasks[1], 1.0, not_before=9.0), now=2.0)  # counts only from 9.0
+    fx = b.on_timer("deadline:1:1", 5.0)
+    tier_model, report = (o.message for o in fx.publish)
+    assert tier_model.clients == (tasks[0].client,)
+    assert report.latencies == {tasks[0].client: 1.0, tasks[1].client: 9.0} and report.missing == (tasks[2].client,)
+    late = feed(topology.barrier_queue(1), update(tasks[2], 1.0), now=12.5)
+    (out,) = late.publish
+    assert late.ack == (feed.tag,) and out.routing_key == topology.ROUND_REPORT_KEY
+    assert out.message.latencies == {tasks[2].client: 12.5} and out.message.missing == ()
+    with pytest.raises(Reject, match="stale round"):  # the one late answer it awaited has come: no more
+        feed(topology.barrier_queue(1), update(tasks[2], 1.0), now=13.0)
+
+
+def test_fedprox_stragglers_run_fewer_epochs_and_everyone_else_all_of_them():
+    clients = (0, 1, 2, 3)
+    b = Barrier(
+        BarrierConfig(tiers=(1,), clients_per_round=4, epochs=3, straggler_fraction=0.5, codec="raw"),
+        STRATEGIES["fedat"],
+    )
+    feed = Feed(b)
+    feed(topology.BARRIER_ASSIGNMENTS, TierAssignment("a1", 1, (clients,), {0: 4.0, 1: 1.0, 2: 3.0, 3: 2.0}, 0.0))
+    epochs = {o.message.client: o.message.epochs for o in feed(topology.BARRIER_GLOBAL, seed(1, SHAPES)).publish}
+    assert epochs[1] == epochs[3] == 3 and 1 <= epochs[0] <= 2 and 1 <= epochs[2] <= 2
+
+
+def test_a_global_model_frees_every_round_it_lists_as_merged():
+    from fedat_aggregator.strategy import FedAsync
+
+    b = Barrier(BarrierConfig(tiers=(1,), clients_per_round=1, min_clients=1, codec="raw"), FedAsync(concurrency=2))
+    feed = Feed(b)
+    feed(topology.BARRIER_ASSIGNMENTS, TierAssignment("a1", 1, ((0, 1, 2, 3),), {c: 1.0 for c in range(4)}, 0.0))
+    tasks = [o.message for o in feed(topology.BARRIER_GLOBAL, seed(1, SHAPES)).publish]
+    for t in tasks:
+        feed(topology.barrier_queue(1), update(t, 1.0))
+    both = replace(seed(1, SHAPES), id="g1", version=1, tier=1, tier_round=2, merged=((1, 1), (1, 2)), tier_rounds=(2,))
+    fx = feed(topology.BARRIER_GLOBAL, both)
+    assert [o.message.round for o in fx.publish] == [3, 4] and b.rounds.keys() == {(1, 3), (1, 4)}

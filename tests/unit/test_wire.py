@@ -98,6 +98,7 @@ def _global(layers: tuple[Layer, ...] = RAW) -> GlobalModel:
         version=12,
         tier=1,
         tier_round=4,
+        merged=((2, 4),),
         tier_rounds=(4, 2, 0),
         tier_counts=(5, 3, 0),
         tier_weights=(0.375, 0.625, 0.0),

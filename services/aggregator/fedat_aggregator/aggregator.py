@@ -82,6 +82,7 @@ class Aggregator(Reactive):
             version=self.version,
             tier=tm.tier,
             tier_round=tm.round,
+            merged=((tm.tier, tm.round),),
             tier_rounds=tuple(self.rounds),
             tier_counts=tuple(self.counts),
             tier_weights=tuple(float(w) for w in weights),

@@ -5,6 +5,8 @@ the strategy picks clients of the tier, the barrier publishes their train tasks 
 model, and holds every update unacked (the broker is the round's durable store) until the round closes — when
 every selected client has answered, or at the deadline with at least `min_clients`. Below that minimum the
 missing slots are re-issued to fresh clients of the tier. An update counts from max(received, not_before).
+An answer that comes after its round closed is acked and reported to the profiler with its real latency: it is
+a straggler, not a malformed message.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ class BarrierConfig:
     batch_size: int = 10
     learning_rate: float = 1e-3
     prox_lambda: float = 0.4
+    straggler_fraction: float = 0.0  # FedProx: the slowest share of a round's clients run 1..epochs-1 epochs
     codec: str = "polyline"
     precision: int = 4
     tier_codec: str = "raw"
@@ -71,7 +74,6 @@ class _Round:
     arrivals: dict[int, _Arrival] = field(default_factory=dict)
     extra_tags: list[int] = field(default_factory=list)  # duplicates and late answers, acked at close
     target: int = 0  # answers wanted: the number of clients first selected
-    tasks_sent: tuple[int, ...] = ()
     bytes_down: int = 0
     reissues: int = 0
 
@@ -98,6 +100,8 @@ class Barrier:
         self.waiting: list[Inbound] = []  # updates seen before their round was opened
         # Ids of recently merged updates, so that a copy redelivered after its round closed is acked, not rejected.
         self.merged: OrderedDict[str, None] = OrderedDict()
+        # Task ids of clients that had not answered when their round closed: their answer is a late one.
+        self.awaited: OrderedDict[str, None] = OrderedDict()
 
     def subscriptions(self) -> dict[str, type]:
         """Updates of our tiers, global models, tier assignments."""
@@ -147,9 +151,10 @@ class Barrier:
         for m, r in enumerate(msg.tier_rounds, start=1):
             self.next_round[m] = max(self.next_round.get(m, 1), r + 1)
         effects = done(inbound)
-        rnd = self.rounds.pop((msg.tier, msg.tier_round), None)  # merged: the tier loops on with the new model
-        if rnd is not None and rnd.tasks is not None:  # superseded after a restart: the merged round counted these
-            effects = effects + Effects(ack=tuple(a.tag for a in rnd.arrivals.values()) + tuple(rnd.extra_tags))
+        for key in msg.merged:  # merged: those tiers loop on with the new model
+            rnd = self.rounds.pop(key, None)
+            if rnd is not None and rnd.tasks is not None:  # superseded after a restart: the merge counted these
+                effects = effects + Effects(ack=tuple(a.tag for a in rnd.arrivals.values()) + tuple(rnd.extra_tags))
         return effects + self._open_idle_tiers(now)
 
     def _on_update(self, inbound: Inbound, u: Update, now: float) -> Effects:
@@ -163,6 +168,8 @@ class Barrier:
         if rnd is None and u.round >= self.next_round.get(u.tier, 1):
             self.waiting.append(inbound)  # its round is not (re)opened yet, e.g. after a restart
             return NOTHING
+        if (rnd is None or rnd.tasks is None) and u.task_id in self.awaited:
+            return self._late(inbound, u, now)
         if rnd is None or rnd.tasks is None:
             raise Reject(f"stale round: tier {u.tier} round {u.round} is already closed")
         if rnd.tasks.get(u.client) != u.task_id:
@@ -187,6 +194,21 @@ class Barrier:
                 else Effects(timers=((last - now, f"close:{rnd.tier}:{rnd.number}"),))
             )
         return NOTHING
+
+    def _late(self, inbound: Inbound, u: Update, now: float) -> Effects:
+        del self.awaited[u.task_id]
+        if self.metrics:
+            self.metrics.late_answers.labels(str(u.tier)).inc()
+        report = RoundReport(
+            id=f"late-{u.id}",
+            tier=u.tier,
+            round=u.round,
+            latencies={u.client: max(now, u.not_before) - u.dispatched_at},
+            missing=(),
+            waited=0.0,
+            closed_at=now,
+        )
+        return done(inbound, Outgoing(topology.EVENTS, topology.ROUND_REPORT_KEY, report))
 
     def _decode_checked(self, u: Update) -> list[np.ndarray]:
         want = [layer.shape for layer in self.model.layers]
@@ -221,10 +243,12 @@ class Barrier:
         if self.assignment is None or self.model is None:
             return effects
         busy = {m: sum(1 for t, _ in self.rounds if t == m) for m in self.cfg.tiers}
+        open_rounds = [t for (t, _), r in self.rounds.items() if r.tasks is not None]
         n = len(self.assignment.tiers)
         stats = TierStats(
             rounds=tuple(self.closed.get(m, 0) for m in range(1, n + 1)),
             losses=tuple(self.tier_loss.get(m, float("inf")) for m in range(1, n + 1)),
+            open=tuple(open_rounds.count(m) for m in range(1, n + 1)),
         )
         for m in self.strategy.schedule(busy, stats, self.rng):
             effects = effects + self._open(m, now)
@@ -259,15 +283,25 @@ class Barrier:
         latencies = self.assignment.latencies
         slowest = max((latencies.get(c, 0.0) for c in clients), default=0.0)
         rnd.deadline = now + max(self.cfg.min_deadline, self.cfg.deadline_factor * slowest)
+        epochs = self._local_epochs(clients, latencies)
         tasks = []
         for c in clients:
-            task = self._task(rnd, c, now)
+            task = self._task(rnd, c, epochs[c], now)
             rnd.tasks[c] = task.id
             rnd.bytes_down += model_bytes(task.layers)
             tasks.append(Outgoing(topology.TRAIN, topology.tier_key(rnd.tier), task))
         return Effects(publish=tuple(tasks), timers=((rnd.deadline - now, f"deadline:{rnd.tier}:{rnd.number}"),))
 
-    def _task(self, rnd: _Round, client: int, now: float) -> TrainTask:
+    def _local_epochs(self, clients: list[int], latencies) -> dict[int, int]:
+        # FedProx's partial work: its stragglers send what fewer epochs give instead of holding the round up.
+        epochs = {c: self.cfg.epochs for c in clients}
+        n = int(np.ceil(self.cfg.straggler_fraction * len(clients)))
+        if n and self.cfg.epochs > 1:
+            for c in sorted(clients, key=lambda c: latencies.get(c, 0.0))[-n:]:
+                epochs[c] = int(self.rng.integers(1, self.cfg.epochs))
+        return epochs
+
+    def _task(self, rnd: _Round, client: int, epochs: int, now: float) -> TrainTask:
         c = self.cfg
         return TrainTask(
             id=f"t{rnd.tier}-r{rnd.number}-c{client}-v{rnd.base_version}",
@@ -275,7 +309,7 @@ class Barrier:
             tier=rnd.tier,
             round=rnd.number,
             version=rnd.base_version,
-            epochs=c.epochs,
+            epochs=epochs,
             batch_size=c.batch_size,
             learning_rate=c.learning_rate,
             prox_lambda=c.prox_lambda,
@@ -320,12 +354,15 @@ class Barrier:
         )
         n = sum(a.update.n_samples for a in included)
         self.tier_loss[rnd.tier] = sum(a.update.loss * a.update.n_samples for a in included) / n
-        rnd.tasks_sent = tuple(rnd.tasks)
+        missing = tuple(sorted(c for c in rnd.tasks if c not in rnd.arrivals))
+        for c in missing:
+            self.awaited[rnd.tasks[c]] = None
         rnd.tasks = None  # closed: further timers and updates for it are stale
         for a in included:
             self.merged[a.update.id] = None
-        while len(self.merged) > MERGED_MEMORY:
-            self.merged.popitem(last=False)
+        for memory in (self.merged, self.awaited):
+            while len(memory) > MERGED_MEMORY:
+                memory.popitem(last=False)
         self.closed[rnd.tier] = self.closed.get(rnd.tier, 0) + 1
         if self.metrics:
             self.metrics.rounds_closed.labels(str(rnd.tier)).inc()
@@ -335,8 +372,9 @@ class Barrier:
             id=f"rr{rnd.tier}-r{rnd.number}",
             tier=rnd.tier,
             round=rnd.number,
-            latencies={a.update.client: a.effective - a.update.dispatched_at for a in included},
-            missing=tuple(sorted(c for c in rnd.tasks_sent if c not in {a.update.client for a in included})),
+            # Answers that came in but count only later (not_before past the close) are real latencies too.
+            latencies={a.update.client: a.effective - a.update.dispatched_at for a in rnd.arrivals.values()},
+            missing=missing,
             waited=now - rnd.opened_at,
             closed_at=now,
         )

@@ -38,12 +38,15 @@ def settings(env: Mapping[str, str]) -> Settings:
         batch_size=config.get_int(env, "FEDAT_BATCH_SIZE", d.batch_size),
         learning_rate=config.get_float(env, "FEDAT_LEARNING_RATE", d.learning_rate),
         prox_lambda=config.get_float(env, "FEDAT_PROX_LAMBDA", d.prox_lambda),
+        straggler_fraction=config.get_float(env, "FEDAT_STRAGGLER_FRACTION", d.straggler_fraction),
         codec=config.get_str(env, "FEDAT_CODEC", d.codec),
         precision=config.get_int(env, "FEDAT_PRECISION", d.precision),
         seed=config.get_int(env, "FEDAT_SEED", d.seed),
     )
     if cfg.min_clients < 1 or cfg.clients_per_round < cfg.min_clients:
         raise config.ConfigError("need 1 <= FEDAT_MIN_CLIENTS <= FEDAT_CLIENTS_PER_ROUND")
+    if not 0.0 <= cfg.straggler_fraction <= 1.0:
+        raise config.ConfigError(f"FEDAT_STRAGGLER_FRACTION={cfg.straggler_fraction} must be within 0..1")
     strategy = config.get_str(env, "FEDAT_STRATEGY", "fedat")
     if strategy not in STRATEGIES:
         raise config.ConfigError(f"FEDAT_STRATEGY={strategy!r} is not one of {sorted(STRATEGIES)}")

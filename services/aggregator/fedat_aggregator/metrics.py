@@ -20,6 +20,7 @@ class BarrierMetrics:
     updates_merged: Counter
     duplicates: Counter
     reissues: Counter
+    late_answers: Counter
 
 
 def barrier_metrics() -> BarrierMetrics:
@@ -44,6 +45,9 @@ def barrier_metrics() -> BarrierMetrics:
         ),
         reissues=Counter(
             "fedat_tier_round_reissues_total", "Rounds below the minimum at their deadline", ["tier"], registry=r
+        ),
+        late_answers=Counter(
+            "fedat_tier_late_answers_total", "Answers that came after their round closed", ["tier"], registry=r
         ),
     )
 

@@ -37,6 +37,7 @@ class TierStats:
 
     rounds: tuple[int, ...]  # rounds closed so far
     losses: tuple[float, ...]  # sample-weighted training loss of the last closed round (inf: never ran)
+    open: tuple[int, ...] = ()  # rounds still waiting for answers (busy also counts closed, unmerged ones)
 
 
 class Strategy(Protocol):

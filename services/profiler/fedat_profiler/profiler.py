@@ -2,8 +2,9 @@
 
 Latency is measured the same way for the profiling pass and for every completed task: from the task's dispatch
 to the update's arrival, where an update counts as arriving at max(received, not_before). Profiling answers come
-as (model-less) updates; round latencies come from the barrier's small round reports, where a client that never
-answered counts as at least as slow as the round's whole wait.
+as (model-less) updates; round latencies come from the barrier's small round reports, including the reports the
+barrier sends for answers that came after their round closed. A client missing from a round only counts a miss:
+its real latency arrives with its late answer, and a client that never answers is dropped after `max_misses`.
 """
 
 from __future__ import annotations
@@ -90,12 +91,10 @@ class Profiler:
         for c in report.latencies:
             self.misses.pop(c, None)
         evicted = []
-        for c in report.missing:  # no answer within the round: at least as slow as the wait
+        for c in report.missing:  # no answer yet: its latency comes with the late answer, if one ever comes
             self.misses[c] = self.misses.get(c, 0) + 1
             if self.cfg.max_misses and self.misses[c] >= self.cfg.max_misses and c in self.latency:
                 evicted.append(c)  # gone for good (the paper's unstable clients): stop asking it
-            else:
-                samples[c] = max(report.waited, self.latency.get(c, 0.0))
         for c in evicted:
             del self.latency[c]
             if self.metrics:
