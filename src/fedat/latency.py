@@ -2,7 +2,9 @@
 
 A client's response time is (its training time × its device-speed factor + its delay group's delay) × time
 scale, counted from the moment its task was dispatched. The paper's five groups add 0, 0–5, 6–10, 11–15 and
-20–30 s per round; a few "unstable" clients drop out permanently at random times.
+20–30 s per round; a few "unstable" clients drop out permanently at random times. Training time is either the
+measured seconds or, with `step_seconds` set, a nominal cost per mini-batch step: then a client's latency does
+not depend on how loaded the shared machine was, and runs of different methods see the same clients.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ class StragglerProfile:
     device_factor: tuple[float, float] = (1.0, 1.0)
     unstable_clients: int = 0
     drop_window: tuple[float, float] = (60.0, 600.0)
+    step_seconds: float = 0.0  # nominal seconds per mini-batch step; 0 = use the measured training time
+    group_sizes: tuple[int, ...] = ()  # clients per delay group (must sum to num_clients); () = an even split
 
 
 @dataclass(frozen=True)
@@ -37,9 +41,16 @@ class ClientProfile:
 
 
 def client_profiles(num_clients: int, profile: StragglerProfile, seed: int) -> tuple[ClientProfile, ...]:
-    """Spread clients evenly and randomly over the delay groups; draw device factors and drop-out times."""
+    """Spread clients randomly over the delay groups (evenly, or by group_sizes); draw factors and drop-outs."""
     rng = np.random.default_rng([seed, 0x57A6])
-    groups = np.array_split(rng.permutation(num_clients), len(profile.delays))
+    sizes = profile.group_sizes
+    if sizes and (len(sizes) != len(profile.delays) or sum(sizes) != num_clients):
+        raise ValueError(
+            f"group_sizes {list(sizes)} must give each of the {len(profile.delays)} delay groups "
+            f"a size, summing to the {num_clients} clients"
+        )
+    order = rng.permutation(num_clients)
+    groups = np.split(order, np.cumsum(sizes)[:-1]) if sizes else np.array_split(order, len(profile.delays))
     group_of = np.empty(num_clients, dtype=np.int64)
     for g, members in enumerate(groups):
         group_of[members] = g
@@ -57,6 +68,11 @@ def client_profiles(num_clients: int, profile: StragglerProfile, seed: int) -> t
         )
         for c in range(num_clients)
     )
+
+
+def training_seconds(measured: float, steps: int, step_seconds: float) -> float:
+    """The training time the latency model uses: nominal steps × step_seconds if set, else the measured time."""
+    return steps * step_seconds if step_seconds > 0 else measured
 
 
 def response_latency(train_seconds: float, client: ClientProfile, time_scale: float, u: float) -> float:

@@ -8,7 +8,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedat.latency import PAPER_DELAYS, ClientProfile, StragglerProfile, client_profiles, response_latency, round_draw
+from fedat.latency import (
+    PAPER_DELAYS,
+    ClientProfile,
+    StragglerProfile,
+    client_profiles,
+    response_latency,
+    round_draw,
+    training_seconds,
+)
 
 
 def test_profiles_deterministic_by_seed():
@@ -103,3 +111,18 @@ def test_round_draw_depends_on_task_and_seed():
 def test_round_draw_in_unit_interval(seed, task_id):
     u = round_draw(seed, task_id)
     assert isinstance(u, float) and 0.0 <= u < 1.0
+
+
+def test_group_sizes_set_how_many_clients_each_delay_group_gets():
+    profiles = client_profiles(500, StragglerProfile(group_sizes=(50, 50, 100, 100, 200)), seed=0)
+    assert Counter(c.group for c in profiles) == {0: 50, 1: 50, 2: 100, 3: 100, 4: 200}
+
+
+def test_group_sizes_that_do_not_fit_the_clients_are_refused():
+    with pytest.raises(ValueError, match="summing to the 10 clients"):
+        client_profiles(10, StragglerProfile(group_sizes=(5, 5, 5, 5, 5)), seed=0)
+
+
+def test_training_seconds_is_nominal_when_a_step_cost_is_set():
+    assert training_seconds(9.9, steps=144, step_seconds=0.005) == pytest.approx(0.72)
+    assert training_seconds(9.9, steps=144, step_seconds=0.0) == 9.9

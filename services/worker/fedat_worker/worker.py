@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedat import topology
-from fedat.latency import ClientProfile, StragglerProfile, response_latency, round_draw
+from fedat.latency import ClientProfile, StragglerProfile, response_latency, round_draw, training_seconds
 from fedat.service import Effects, Inbound, Outgoing, Reactive, Reject, done
 from fedat.wire import TrainTask, Update, WireError, decode_model, encode_model
 
@@ -81,8 +81,11 @@ class Worker(Reactive):
             batch_size=task.batch_size,
         )
         finished = self.clock()
-        ts = self.cfg.straggler.time_scale
-        not_before = task.sent_at + response_latency(result.seconds, profile, ts, round_draw(self.cfg.seed, task.id))
+        st = self.cfg.straggler
+        steps = task.epochs * -(-result.n_samples // task.batch_size)
+        seconds = training_seconds(result.seconds, steps, st.step_seconds)
+        draw = round_draw(self.cfg.seed, task.id)
+        not_before = task.sent_at + response_latency(seconds, profile, st.time_scale, draw)
         update = Update(
             id=f"u-{task.id}",
             task_id=task.id,

@@ -30,7 +30,7 @@ class Settings:
 
 
 def straggler_from_env(env: Mapping[str, str]) -> StragglerProfile:
-    """The latency model from FEDAT_TIME_SCALE, _DEVICE_FACTOR, _DELAYS, _UNSTABLE_CLIENTS, _DROP_WINDOW."""
+    """The latency model from the FEDAT_* latency variables (time scale, delays, device factors, drop-outs, steps)."""
     d = StragglerProfile()
     flat = config.get_floats(env, "FEDAT_DELAYS", tuple(x for pair in PAPER_DELAYS for x in pair))
     if len(flat) % 2:
@@ -41,16 +41,25 @@ def straggler_from_env(env: Mapping[str, str]) -> StragglerProfile:
         device_factor=tuple(config.get_floats(env, "FEDAT_DEVICE_FACTOR", d.device_factor)),
         unstable_clients=config.get_int(env, "FEDAT_UNSTABLE_CLIENTS", d.unstable_clients),
         drop_window=tuple(config.get_floats(env, "FEDAT_DROP_WINDOW", d.drop_window)),
+        step_seconds=config.get_float(env, "FEDAT_STEP_SECONDS", d.step_seconds),
+        group_sizes=config.get_ints(env, "FEDAT_GROUP_SIZES", d.group_sizes),
     )
 
 
 def settings(env: Mapping[str, str]) -> Settings:
     """Build the settings from the environment."""
     num_tiers = config.get_int(env, "FEDAT_NUM_TIERS", 5)
+    workload, straggler = workload_from_env(env), straggler_from_env(env)
+    sizes = straggler.group_sizes
+    if sizes and (len(sizes) != len(straggler.delays) or sum(sizes) != workload.num_clients):
+        raise config.ConfigError(
+            f"FEDAT_GROUP_SIZES={','.join(map(str, sizes))} must give each of the {len(straggler.delays)} delay "
+            f"groups a size, summing to FEDAT_NUM_CLIENTS={workload.num_clients}"
+        )
     return Settings(
         broker=config.broker(env, 1),
-        workload=workload_from_env(env),
-        straggler=straggler_from_env(env),
+        workload=workload,
+        straggler=straggler,
         tiers=config.get_ints(env, "FEDAT_TIERS", tuple(range(1, num_tiers + 1))),
         profile_queue=config.get_int(env, "FEDAT_PROFILE_QUEUE", 1) == 1,
         run_start=config.get_float(env, "FEDAT_RUN_START", time.time()),
