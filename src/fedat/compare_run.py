@@ -9,7 +9,7 @@ from pathlib import Path
 import yaml
 
 from fedat.compare import MethodResult, accuracy_table, traffic_table
-from fedat.run import Experiment, load_experiment, run
+from fedat.run import Experiment, check_settings, load_experiment, run
 
 
 def load_comparison(path: Path) -> tuple[str, float, list[float], list[Experiment]]:
@@ -22,7 +22,10 @@ def load_comparison(path: Path) -> tuple[str, float, list[float], list[Experimen
     minutes = float(raw.get("minutes", base.minutes))
     exps = [
         Experiment(
-            f"{name}-{method}", int(raw.get("workers", base.workers)), minutes, {**base.settings, **(overrides or {})}
+            f"{name}-{method}",
+            int(raw.get("workers", base.workers)),
+            minutes,
+            {**base.settings, **check_settings(overrides or {}, f"{path}: method {method}")},
         )
         for method, overrides in raw["methods"].items()
     ]

@@ -57,11 +57,31 @@ class Experiment:
         return {f"FEDAT_{k.upper()}": text(v) for k, v in self.settings.items()}
 
 
+# What an experiment may set: every FEDAT_* variable the services read (lower-cased, without the prefix), except
+# the ones `fedat run` sets per process. A typo must fail loudly, not run the default silently.
+SETTINGS = frozenset(
+    """batch_size classes_per_client clients_per_round codec data_root dataset deadline_factor delays device_factor
+    dirichlet_alpha drift_fraction drop_window epochs eval_every ewma_alpha group_sizes learning_rate log_level
+    max_message_bytes max_misses min_clients min_deadline model num_clients num_tiers partition precision prefetch
+    profile_concurrency profile_deadline profile_epochs prox_lambda retier_every samples_per_client seed
+    step_seconds straggler_fraction strategy tf_threads time_scale unstable_clients""".split()
+)
+
+
+def check_settings(settings: dict[str, Any], where: str) -> dict[str, Any]:
+    """The settings unchanged, or ValueError naming every unknown key."""
+    unknown = sorted(set(settings) - SETTINGS)
+    if unknown:
+        raise ValueError(f"{where}: unknown setting(s) {unknown}; known settings: {' '.join(sorted(SETTINGS))}")
+    return settings
+
+
 def load_experiment(path: str | Path) -> Experiment:
     """Read an experiment YAML file; errors name the file and the key."""
     raw = yaml.safe_load(Path(path).read_text())
     if not isinstance(raw, dict) or not isinstance(raw.get("settings"), dict):
         raise ValueError(f"{path}: expected a map with 'name', 'workers', 'minutes' and a 'settings' map")
+    check_settings(raw["settings"], str(path))
     return Experiment(
         name=str(raw.get("name", Path(path).stem)),
         workers=int(raw.get("workers", 2)),

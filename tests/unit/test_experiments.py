@@ -1,0 +1,40 @@
+"""Every shipped experiment file loads, and uses only settings some service reads."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from fedat.compare_run import load_comparison
+from fedat.run import SETTINGS, check_settings, load_experiment
+
+ROOT = Path(__file__).resolve().parents[2]
+EXPERIMENTS = sorted((ROOT / "experiments").glob("*.yaml"))
+# Set by `fedat run` itself for each process, so not an experiment setting.
+PER_PROCESS = {"amqp_url", "run_start", "metrics_port", "tiers", "profile_queue"}
+
+
+def test_the_known_settings_are_exactly_what_the_services_read():
+    sources = [p.read_text() for d in ("src", "services") for p in (ROOT / d).rglob("*.py")]
+    read = {m.lower() for text in sources for m in re.findall(r'"FEDAT_([A-Z0-9_]+)"', text)}
+    assert SETTINGS == read - PER_PROCESS
+
+
+@pytest.mark.parametrize("path", EXPERIMENTS, ids=[p.stem for p in EXPERIMENTS])
+def test_every_shipped_experiment_loads(path: Path):
+    if path.stem.startswith("compare-"):
+        _, minutes, targets, exps = load_comparison(path)
+        assert exps and minutes > 0 and targets
+    else:
+        assert load_experiment(path).settings
+
+
+def test_a_misspelt_setting_is_named(tmp_path: Path):
+    with pytest.raises(ValueError, match=r"unknown setting\(s\) \['step_second'\]"):
+        check_settings({"epochs": 3, "step_second": 0.01}, "x.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: bad\nsettings: {epochs: 3, clients_per_rnd: 4}\n")
+    with pytest.raises(ValueError, match="bad.yaml: unknown setting"):
+        load_experiment(bad)
