@@ -1,4 +1,4 @@
-"""Pure aggregation math: intra-tier averaging, cross-tier weights, staleness mixing. No I/O, clock or config."""
+"""Pure aggregation math: averaging, cross-tier weights, staleness, asynchronous server steps. No I/O, clock, config."""
 
 from __future__ import annotations
 
@@ -105,20 +105,65 @@ def fedasync_mix(
     return weighted_average([global_model, local_model], [1.0 - a, a]) if a < 1.0 else [x.copy() for x in local_model]
 
 
-def fedbuff_step(
-    global_model: Sequence[np.ndarray],
-    deltas: Sequence[Sequence[np.ndarray]],
-    staleness_factors: Sequence[float],
-    server_lr: float,
+def _check_like(fn: str, a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> None:
+    # numpy would broadcast a mismatched layer silently instead of failing
+    if len(a) != len(b):
+        raise ValueError(f"{fn}: {len(a)} layers against {len(b)}")
+    for layer, (x, y) in enumerate(zip(a, b, strict=True)):
+        if x.shape != y.shape:
+            raise ValueError(f"{fn}: layer {layer} has shape {x.shape} against {y.shape}")
+
+
+def accumulate_delta(
+    buffer: Sequence[np.ndarray] | None,
+    model: Sequence[np.ndarray],
+    base: Sequence[np.ndarray] | None,
+    staleness_factor: float,
 ) -> Weights:
-    """FedBuff server step: w ← w + η · mean_k(s_k · Δ_k) over a buffer of K client deltas."""
-    if not deltas:
-        raise ValueError("fedbuff_step: empty buffer")
-    k = len(deltas)
-    out = []
-    for layer, g in enumerate(global_model):
-        acc = np.zeros(g.shape, dtype=np.float64)
-        for s, d in zip(staleness_factors, deltas, strict=True):
-            acc += s * d[layer]
-        out.append((g + server_lr * acc / k).astype(np.float32))
-    return out
+    """FedBuff's buffer after one arrival: buffer + s · (model − base) in float64 (buffer None: empty)."""
+    acc = [np.zeros(m.shape, np.float64) for m in model] if buffer is None else list(buffer)
+    _check_like("accumulate_delta", acc, model)
+    if base is None:
+        # The base version has left the history, so the delta is unknown: the arrival adds nothing (as a staleness
+        # factor of 0 would) but the caller still counts it, so the buffer keeps its cadence of K arrivals.
+        return acc
+    _check_like("accumulate_delta", model, base)
+    return [a + staleness_factor * (m.astype(np.float64) - b) for a, m, b in zip(acc, model, base, strict=True)]
+
+
+def apply_buffer(
+    global_model: Sequence[np.ndarray], buffer: Sequence[np.ndarray], count: int, server_lr: float
+) -> Weights:
+    """FedBuff server step: w ← w + η · buffer / K, the buffer holding Σ_k s_k · Δ_k over K arrivals."""
+    if count <= 0:
+        raise ValueError(f"apply_buffer: empty buffer (count {count})")
+    _check_like("apply_buffer", global_model, buffer)
+    return [(g + server_lr * acc / count).astype(np.float32) for g, acc in zip(global_model, buffer, strict=True)]
+
+
+def replace_copy(
+    total: Sequence[np.ndarray] | None,
+    total_n: float,
+    old: Sequence[np.ndarray] | None,
+    old_n: float,
+    new: Sequence[np.ndarray],
+    new_n: float,
+) -> tuple[Weights, float]:
+    """ASO-Fed's running sums after a client's copy changes: (Σ n·w − old_n·old + new_n·new, Σ n − old_n + new_n)."""
+    if new_n < 0 or old_n < 0:
+        raise ValueError(f"replace_copy: sample counts must be >= 0, got old {old_n}, new {new_n}")
+    acc = [np.zeros(m.shape, np.float64) for m in new] if total is None else list(total)
+    _check_like("replace_copy", acc, new)
+    if old is not None:
+        _check_like("replace_copy", acc, old)
+        acc = [a - old_n * o.astype(np.float64) for a, o in zip(acc, old, strict=True)]
+    elif old_n:
+        raise ValueError(f"replace_copy: no old copy but old_n {old_n}")
+    return [a + new_n * m.astype(np.float64) for a, m in zip(acc, new, strict=True)], total_n - old_n + new_n
+
+
+def copies_average(total: Sequence[np.ndarray], total_n: float) -> Weights:
+    """ASO-Fed's global model: the sample-weighted average of the stored copies, Σ n·w / Σ n, as float32."""
+    if not total_n > 0:
+        raise ValueError(f"copies_average: the copies hold no samples (Σ n = {total_n})")
+    return [(a / total_n).astype(np.float32) for a in total]

@@ -7,12 +7,15 @@ import pytest
 
 from fedat.aggregate import (
     STALENESS,
+    accumulate_delta,
+    apply_buffer,
     constant_staleness,
+    copies_average,
     fedasync_mix,
     fedat_tier_weights,
-    fedbuff_step,
     hinge_staleness,
     polynomial_staleness,
+    replace_copy,
     sample_weighted_average,
     uniform_tier_weights,
     weighted_average,
@@ -238,27 +241,86 @@ def test_fedasync_mix_out_of_range(alpha, s):
         fedasync_mix([f32(1)], [f32(2)], alpha=alpha, staleness_factor=s)
 
 
-# --- fedbuff_step ------------------------------------------------------------------------------------------------
+# --- FedBuff: accumulate_delta / apply_buffer -------------------------------------------------------------------
 
 
-def test_fedbuff_step_hand_computed():
-    # acc = 1·[4, 2] + 0.5·[2, 8] = [5, 6]; /K=2 -> [2.5, 3]; ·η=0.4 -> [1.0, 1.2]; + [1, 2] -> [2.0, 3.2]
-    out = fedbuff_step([f32(1, 2)], [[f32(4, 2)], [f32(2, 8)]], [1.0, 0.5], server_lr=0.4)
+def test_accumulate_delta_into_an_empty_buffer():
+    # 0.5 · ([5, 3] − [1, 1]) = [2, 1]
+    out = accumulate_delta(None, [f32(5, 3)], [f32(1, 1)], 0.5)
+    np.testing.assert_allclose(out[0], [2.0, 1.0])
+    assert out[0].dtype == np.float64
+
+
+def test_accumulate_delta_adds_to_the_buffer_without_changing_it():
+    buffer = [np.array([1.0, 1.0])]
+    out = accumulate_delta(buffer, [f32(4, 2)], [f32(2, 2)], 1.0)  # + [2, 0]
+    np.testing.assert_allclose(out[0], [3.0, 1.0])
+    np.testing.assert_array_equal(buffer[0], [1.0, 1.0])
+
+
+def test_accumulate_delta_unknown_base_adds_nothing():
+    np.testing.assert_array_equal(accumulate_delta(None, [f32(5, 3)], None, 1.0)[0], [0.0, 0.0])
+    np.testing.assert_array_equal(accumulate_delta([np.array([1.0, 2.0])], [f32(5, 3)], None, 1.0)[0], [1.0, 2.0])
+
+
+def test_accumulate_delta_shape_mismatch():
+    with pytest.raises(ValueError, match="shape"):
+        accumulate_delta(None, [f32(1, 2)], [f32(1, 2, 3)], 1.0)
+    with pytest.raises(ValueError, match="layers"):
+        accumulate_delta([np.zeros(2)], [f32(1, 2), f32(1)], None, 1.0)
+
+
+def test_apply_buffer_hand_computed():
+    # buffer = 1·[4, 2] + 0.5·[2, 8] = [5, 6]; /K=2 -> [2.5, 3]; ·η=0.4 -> [1.0, 1.2]; + [1, 2] -> [2.0, 3.2]
+    buffer = accumulate_delta(accumulate_delta(None, [f32(4, 2)], [f32(0, 0)], 1.0), [f32(2, 8)], [f32(0, 0)], 0.5)
+    out = apply_buffer([f32(1, 2)], buffer, 2, server_lr=0.4)
     np.testing.assert_allclose(out[0], [2.0, 3.2], rtol=1e-6)
     assert out[0].dtype == np.float32
 
 
-def test_fedbuff_step_multi_layer():
-    out = fedbuff_step([f32(0), f32(10, 10)], [[f32(2), f32(-4, 4)]], [1.0], server_lr=1.0)
+def test_apply_buffer_multi_layer():
+    out = apply_buffer([f32(0), f32(10, 10)], [np.array([2.0]), np.array([-4.0, 4.0])], 1, server_lr=1.0)
     np.testing.assert_allclose(out[0], [2.0])
     np.testing.assert_allclose(out[1], [6.0, 14.0])
 
 
-def test_fedbuff_step_empty_buffer():
+def test_apply_buffer_empty_buffer():
     with pytest.raises(ValueError, match="empty buffer"):
-        fedbuff_step([f32(1)], [], [], server_lr=1.0)
+        apply_buffer([f32(1)], [np.zeros(1)], 0, server_lr=1.0)
 
 
-def test_fedbuff_step_staleness_count_mismatch():
-    with pytest.raises(ValueError):
-        fedbuff_step([f32(1)], [[f32(1)], [f32(2)]], [1.0], server_lr=1.0)
+# --- ASO-Fed: replace_copy / copies_average ----------------------------------------------------------------------
+
+
+def test_replace_copy_adds_a_new_client():
+    total, n = replace_copy(None, 0.0, None, 0.0, [f32(1, 2)], 3)
+    np.testing.assert_allclose(total[0], [3.0, 6.0])
+    assert n == 3 and total[0].dtype == np.float64
+    total, n = replace_copy(total, n, None, 0.0, [f32(5, 0)], 1)  # + 1 · [5, 0]
+    np.testing.assert_allclose(total[0], [8.0, 6.0])
+    assert n == 4
+
+
+def test_replace_copy_swaps_a_clients_copy():
+    # Σ = 3 · [1, 2] + 1 · [5, 0] = [8, 6]; client 2's [5, 0] (n 1) becomes [0, 4] (n 2): [3, 6] + [0, 8] = [3, 14]
+    total, n = replace_copy([np.array([8.0, 6.0])], 4.0, [f32(5, 0)], 1, [f32(0, 4)], 2)
+    np.testing.assert_allclose(total[0], [3.0, 14.0])
+    assert n == 5
+
+
+def test_replace_copy_rejects_negative_or_orphan_counts():
+    with pytest.raises(ValueError, match=">= 0"):
+        replace_copy(None, 0.0, None, 0.0, [f32(1)], -1)
+    with pytest.raises(ValueError, match="no old copy"):
+        replace_copy([np.zeros(1)], 2.0, None, 2.0, [f32(1)], 1)
+
+
+def test_copies_average_hand_computed():
+    out = copies_average([np.array([3.0, 14.0])], 5.0)
+    np.testing.assert_allclose(out[0], [0.6, 2.8], rtol=1e-6)
+    assert out[0].dtype == np.float32
+
+
+def test_copies_average_without_samples():
+    with pytest.raises(ValueError, match="no samples"):
+        copies_average([np.zeros(1)], 0.0)

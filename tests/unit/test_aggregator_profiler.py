@@ -8,9 +8,10 @@ import pytest
 from fedat import topology
 from fedat.service import Inbound, Reject
 from fedat.tiering import tier_of
-from fedat.wire import GlobalModel, RoundReport, TierModel, TrainTask, Update, decode_model, encode_model
+from fedat.wire import GlobalModel, RoundReport, TierModel, TrainTask, Update, decode_model, encode_model, seed_model
+from fedat_aggregator import aggregator as aggregator_module
 from fedat_aggregator.aggregator import Aggregator, AggregatorConfig
-from fedat_aggregator.strategy import STRATEGIES
+from fedat_aggregator.strategy import STRATEGIES, FedBuff
 from fedat_profiler.profiler import Profiler, ProfilerConfig
 
 
@@ -18,14 +19,14 @@ def inbound(msg, tag=1, queue="q"):
     return Inbound(queue, msg, tag, False, 0)
 
 
-def tier_model(tier: int, rnd: int, value: float, shape=(2,)) -> TierModel:
+def tier_model(tier: int, rnd: int, value: float, shape=(2,), base_version=0, clients=(1, 2)) -> TierModel:
     return TierModel(
         id=f"tm{tier}-r{rnd}",
         tier=tier,
         round=rnd,
-        base_version=0,
+        base_version=base_version,
         n_samples=10,
-        clients=(1, 2),
+        clients=clients,
         bytes_up=100,
         bytes_down=200,
         late=1,
@@ -34,8 +35,8 @@ def tier_model(tier: int, rnd: int, value: float, shape=(2,)) -> TierModel:
     )
 
 
-def aggregator(tiers=3) -> Aggregator:
-    return Aggregator(AggregatorConfig(num_tiers=tiers, codec="raw"), STRATEGIES["fedat"])
+def aggregator(tiers=3, strategy=STRATEGIES["fedat"]) -> Aggregator:
+    return Aggregator(AggregatorConfig(num_tiers=tiers, codec="raw"), strategy)
 
 
 def test_each_tier_model_yields_a_global_model_with_fedat_weights():
@@ -46,6 +47,7 @@ def test_each_tier_model_yields_a_global_model_with_fedat_weights():
         assert fx.ack == (i + 1,)
         outs.append(fx.publish[0].message)
     assert [g.version for g in outs] == [1, 2, 3]
+    assert [g.merged for g in outs] == [((1, 1),), ((1, 2),), ((3, 1),)]
     last = outs[-1]
     # counts [2, 0, 1]: reported tiers 1 and 3 mirror each other: tier 1 gets 1/3, tier 3 gets 2/3
     assert last.tier_counts == (2, 0, 1) and last.tier_rounds == (2, 0, 1)
@@ -94,6 +96,64 @@ def test_the_seed_model_is_adopted_and_the_aggregators_own_outputs_ignored():
     assert a.handle(inbound(seed), 0.0).publish == ()
     out = a.handle(inbound(tier_model(1, 1, 1.0), tag=2), 0.0).publish[0].message
     assert [layer.name for layer in out.layers] == ["dense/kernel"]
+
+
+def seeded(strategy, tiers=2, value=1.0) -> Aggregator:
+    a = aggregator(tiers, strategy)
+    seed = seed_model([np.full(2, value, np.float32)], ["w"], tiers, "raw", 4, 0.0)
+    assert a.handle(inbound(seed), 0.0).publish == ()
+    return a
+
+
+def test_fedbuff_publishes_one_global_model_per_buffer_of_arrivals():
+    a = seeded(FedBuff(buffer_size=2, server_lr=1.0))  # w0 = [1, 1]
+    first = a.handle(inbound(tier_model(1, 1, 3.0), tag=1), 0.0)
+    assert first.publish == () and first.ack == (1,)
+    assert a.version == 0 and a.counts == [1, 0] and a.pending == [(1, 1)]
+    assert a.handle(inbound(tier_model(1, 1, 3.0), tag=2), 0.0).ack == (2,)  # redelivered: absorbed once
+    (out,) = a.handle(inbound(tier_model(2, 1, 5.0), tag=3), 0.0).publish
+    g1 = out.message
+    # both fresh (s = 1): Δ = [2, 2] and [4, 4]; w1 = [1, 1] + ([2, 2] + [4, 4]) / 2 = [4, 4]
+    assert g1.version == 1 and g1.merged == ((1, 1), (2, 1)) and (g1.tier, g1.tier_round) == (2, 1)
+    assert g1.tier_counts == (1, 1) and g1.bytes_up == 200 and g1.updates == 4
+    np.testing.assert_allclose(decode_model(g1.layers)[0], [4.0, 4.0])
+    assert a.pending == [] and a.strategy_state is None
+
+
+def test_fedbuff_takes_each_arrivals_delta_from_the_version_it_was_trained_from():
+    a = seeded(FedBuff(buffer_size=2, server_lr=1.0))
+    a.handle(inbound(tier_model(1, 1, 3.0)), 0.0)
+    a.handle(inbound(tier_model(2, 1, 5.0)), 0.0)  # w1 = [4, 4]
+    assert a.handle(inbound(tier_model(1, 2, 6.0, base_version=1)), 0.0).publish == ()  # Δ = 6 − 4, s = 1
+    # trained from w0 = [1, 1], one version stale: Δ = 9 − 1 = 8, s = 2 ** -0.5
+    (out,) = a.handle(inbound(tier_model(2, 2, 9.0, base_version=0)), 0.0).publish
+    g2 = out.message
+    assert g2.version == 2 and g2.merged == ((1, 2), (2, 2))
+    # w2 = [4, 4] + (2 + 8 / √2) / 2 = 5 + 2√2
+    np.testing.assert_allclose(decode_model(g2.layers)[0], [5 + 2 * np.sqrt(2)] * 2, rtol=1e-6)
+    np.testing.assert_allclose(g2.tier_weights, [0.0, 2**-0.5])
+
+
+def test_fedbuff_arrival_whose_base_left_the_history_counts_but_adds_nothing(monkeypatch):
+    monkeypatch.setattr(aggregator_module, "HISTORY", 1)
+    a = seeded(FedBuff(buffer_size=1, server_lr=1.0, staleness="constant"))
+    (out,) = a.handle(inbound(tier_model(1, 1, 3.0)), 0.0).publish  # w1 = [3, 3]; w0 leaves the history
+    assert list(a.history) == [1]
+    (out,) = a.handle(inbound(tier_model(1, 2, 9.0, base_version=0)), 0.0).publish
+    assert out.message.version == 2 and out.message.merged == ((1, 2),)
+    np.testing.assert_allclose(decode_model(out.message.layers)[0], [3.0, 3.0])
+
+
+def test_aso_fed_averages_the_latest_copy_of_each_client():
+    a = seeded(STRATEGIES["aso-fed"])
+    a.handle(inbound(tier_model(1, 1, 2.0, clients=(1, 2))), 0.0)  # clients 1, 2 hold [2, 2] with 5 samples each
+    (out,) = a.handle(inbound(tier_model(2, 1, 8.0, clients=(3,))), 0.0).publish
+    # (5·2 + 5·2 + 10·8) / 20 = 5
+    np.testing.assert_allclose(decode_model(out.message.layers)[0], [5.0, 5.0])
+    (out,) = a.handle(inbound(tier_model(1, 2, 0.0, clients=(1,)), tag=3), 0.0).publish
+    # client 1 now holds [0, 0] with 10 samples: (10·0 + 5·2 + 10·8) / 25 = 3.6
+    np.testing.assert_allclose(decode_model(out.message.layers)[0], [3.6, 3.6], rtol=1e-6)
+    assert out.message.version == 3 and out.message.merged == ((1, 2),)
 
 
 def answer(task: TrainTask, latency: float, tier=0, rnd=0) -> Update:

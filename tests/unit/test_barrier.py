@@ -236,3 +236,17 @@ def test_a_global_model_frees_every_round_it_lists_as_merged():
     both = replace(seed(1, SHAPES), id="g1", version=1, tier=1, tier_round=2, merged=((1, 1), (1, 2)), tier_rounds=(2,))
     fx = feed(topology.BARRIER_GLOBAL, both)
     assert [o.message.round for o in fx.publish] == [3, 4] and b.rounds.keys() == {(1, 3), (1, 4)}
+
+
+def test_fedbuff_restarts_a_client_when_its_round_closes_before_any_merge():
+    from fedat_aggregator.strategy import FedBuff
+
+    b = Barrier(BarrierConfig(tiers=(1,), clients_per_round=1, min_clients=1, codec="raw"), FedBuff(concurrency=2))
+    feed = Feed(b)
+    feed(topology.BARRIER_ASSIGNMENTS, TierAssignment("a1", 1, ((0, 1, 2, 3),), {c: 1.0 for c in range(4)}, 0.0))
+    tasks = [o.message for o in feed(topology.BARRIER_GLOBAL, seed(1, SHAPES)).publish]
+    assert [t.round for t in tasks] == [1, 2]
+    fx = feed(topology.barrier_queue(1), update(tasks[0], 1.0))
+    new = [o.message for o in fx.publish if isinstance(o.message, TrainTask)]
+    assert [(t.round, t.version) for t in new] == [(3, 0)] and new[0].client != tasks[1].client
+    assert (1, 1) in b.rounds  # closed, held as unmerged until a global model lists it

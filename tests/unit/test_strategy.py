@@ -5,7 +5,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedat_aggregator.strategy import STRATEGIES, CrossTier, FedAsync, TierStats, TierWeighted, TiFL
+from fedat_aggregator.strategy import (
+    STRATEGIES,
+    ASOFed,
+    Buffer,
+    CrossTier,
+    FedAsync,
+    FedBuff,
+    GlobalMerge,
+    TierStats,
+    TierWeighted,
+    TiFL,
+)
 
 FEDAT = STRATEGIES["fedat"]
 UNIFORM = STRATEGIES["fedat-uniform"]
@@ -55,7 +66,9 @@ def test_merge_tier_sample_weighted():
 
 
 def merge(strategy, models, counts):
-    return strategy.merge_global(CrossTier(None, tuple(models), tuple(counts), arrived=0, staleness=0))
+    out = strategy.merge_global(CrossTier(None, tuple(models), tuple(counts), arrived=0, staleness=0))
+    assert isinstance(out, GlobalMerge) and out.state is None
+    return out.model, out.tier_weights
 
 
 def test_merge_global_fedat_weights():
@@ -132,14 +145,130 @@ def test_fedasync_mixes_with_staleness():
     fa = FedAsync(alpha=0.5, staleness="polynomial")
     g = [f32(0, 0)]
     # staleness 3: s = (3 + 1) ** -0.5 = 0.5, so a = 0.25: 0.75 * 0 + 0.25 * [4, 8] = [1, 2]
-    model, w = fa.merge_global(CrossTier(g, ([f32(4, 8)],), (1,), 0, 3))
+    out = fa.merge_global(CrossTier(g, ([f32(4, 8)],), (1,), 0, 3))
+    model, w = out.model, out.tier_weights
     np.testing.assert_allclose(model[0], [1.0, 2.0])
     np.testing.assert_allclose(w, [0.25])
-    fresh, _ = fa.merge_global(CrossTier(g, ([f32(4, 8)],), (1,), 0, 0))
+    fresh = fa.merge_global(CrossTier(g, ([f32(4, 8)],), (1,), 0, 0)).model
     np.testing.assert_allclose(fresh[0], [2.0, 4.0])
 
 
 def test_tifl_global_model_is_the_arriving_tier_model():
-    model, w = STRATEGIES["tifl"].merge_global(CrossTier(None, ([f32(1, 2)], [f32(5, 6)]), (3, 1), 1, 0))
+    out = STRATEGIES["tifl"].merge_global(CrossTier(None, ([f32(1, 2)], [f32(5, 6)]), (3, 1), 1, 0))
+    model, w = out.model, out.tier_weights
     np.testing.assert_array_equal(model[0], f32(5, 6))
     np.testing.assert_array_equal(w, [0.0, 1.0])
+
+
+# --- FedBuff ------------------------------------------------------------------------------------------------------
+
+
+def test_registry_has_the_async_baselines():
+    assert isinstance(STRATEGIES["fedbuff"], FedBuff) and STRATEGIES["fedbuff"].name == "fedbuff"
+    assert isinstance(STRATEGIES["aso-fed"], ASOFed) and STRATEGIES["aso-fed"].name == "aso-fed"
+
+
+def test_fedbuff_tops_tiers_up_to_concurrency_open_rounds():
+    fb = FedBuff(concurrency=20)
+    rng = np.random.default_rng(0)
+    # 25 unmerged rounds but only 18 still open: restart 2 clients (FedAsync would start none)
+    assert fb.schedule({1: 25}, TierStats((0,), (0.0,), open=(18,)), rng) == [1, 1]
+    # a tier missing from `open` counts as having none open
+    assert FedBuff(concurrency=2).schedule({1: 5, 2: 0}, TierStats((0, 0), (0.0, 0.0), open=(1,)), rng) == [1, 2, 2]
+
+
+def arrive(strategy, model, base, state=None, staleness=0, g=None, pending=1):
+    """One single-tier arrival: global model g (default [0, 0]), trained from `base`."""
+    g = [f32(0, 0)] if g is None else g
+    return strategy.merge_global(CrossTier(g, ([model],), (1,), 0, staleness, base, (7,), 10, state, pending))
+
+
+def test_fedbuff_buffers_until_k_arrivals_then_steps():
+    fb = FedBuff(buffer_size=3, server_lr=0.5, staleness="constant")
+    g = [f32(1, 1)]
+    first = arrive(fb, f32(3, 1), [f32(1, 1)], g=g)  # Δ = [2, 0]
+    assert first.model is None and isinstance(first.state, Buffer) and first.state.count == 1
+    np.testing.assert_array_equal(first.tier_weights, [1.0])
+    second = arrive(fb, f32(1, 5), [f32(1, 1)], first.state, g=g, pending=2)  # Δ = [0, 4]
+    assert second.model is None and second.state.count == 2
+    np.testing.assert_allclose(second.state.total[0], [2.0, 4.0])
+    third = arrive(fb, f32(2, 3), [f32(0, 0)], second.state, g=g, pending=3)  # Δ = [2, 3] from an older base
+    # Σ Δ = [4, 7]; w = [1, 1] + 0.5 · [4, 7] / 3 = [5/3, 13/6]
+    assert third.state is None
+    np.testing.assert_allclose(third.model[0], [5 / 3, 13 / 6], rtol=1e-6)
+    assert third.model[0].dtype == np.float32
+
+
+def test_fedbuff_weighs_deltas_by_staleness():
+    fb = FedBuff(buffer_size=2, server_lr=1.0, staleness="polynomial")
+    # staleness 3: s = 4 ** -0.5 = 0.5, Δ = [4, 8] -> [2, 4]; staleness 0: s = 1, Δ = [2, 0]
+    first = arrive(fb, f32(4, 8), [f32(0, 0)], staleness=3)
+    np.testing.assert_allclose(first.tier_weights, [0.5])
+    second = arrive(fb, f32(2, 0), [f32(0, 0)], first.state)
+    # [0, 0] + ([2, 4] + [2, 0]) / 2 = [2, 2]
+    np.testing.assert_allclose(second.model[0], [2.0, 2.0])
+
+
+def test_fedbuff_arrival_with_unknown_base_counts_but_adds_nothing():
+    fb = FedBuff(buffer_size=2, server_lr=1.0, staleness="constant")
+    first = arrive(fb, f32(100, 100), None)  # its base left the history
+    assert first.model is None and first.state.count == 1
+    np.testing.assert_array_equal(first.tier_weights, [0.0])
+    second = arrive(fb, f32(4, 2), [f32(0, 0)], first.state)
+    # ([0, 0] + [4, 2]) / 2 = [2, 1]
+    np.testing.assert_allclose(second.model[0], [2.0, 1.0])
+
+
+def test_fedbuff_first_arrival_without_a_seed_becomes_the_model():
+    out = FedBuff(buffer_size=5).merge_global(CrossTier(None, (None, [f32(3, 4)]), (0, 1), 1, 0))
+    np.testing.assert_array_equal(out.model[0], f32(3, 4))
+    np.testing.assert_array_equal(out.tier_weights, [0.0, 1.0])
+    assert out.state is None
+
+
+# --- ASO-Fed ------------------------------------------------------------------------------------------------------
+
+
+def aso(model, client, n, state=None, tiers=1, arrived=0):
+    tier_models = tuple(model if m == arrived else None for m in range(tiers))
+    view = CrossTier(None, tier_models, (1,) * tiers, arrived, 0, clients=(client,), n_samples=n, state=state)
+    return ASOFed().merge_global(view)
+
+
+def test_aso_fed_schedule_tops_up_unmerged_rounds():
+    rng = np.random.default_rng(0)
+    assert ASOFed(concurrency=3).schedule({1: 1, 2: 3}, TierStats((0, 0), (0.0, 0.0), open=(0, 0)), rng) == [1, 1]
+
+
+def test_aso_fed_global_is_the_sample_weighted_average_of_the_copies():
+    a = aso([f32(2, 0)], client=1, n=10)
+    np.testing.assert_allclose(a.model[0], [2.0, 0.0])  # one copy: itself
+    b = aso([f32(0, 4)], client=2, n=30, state=a.state, tiers=2, arrived=1)
+    # (10 [2, 0] + 30 [0, 4]) / 40 = [0.5, 3]; the arrival holds 30 / 40 of the samples
+    np.testing.assert_allclose(b.model[0], [0.5, 3.0])
+    np.testing.assert_allclose(b.tier_weights, [0.0, 0.75])
+    assert set(b.state.models) == {1, 2} and b.state.total_n == 40
+
+
+def test_aso_fed_second_arrival_of_a_client_replaces_its_copy():
+    a = aso([f32(2, 0)], client=1, n=10)
+    b = aso([f32(0, 4)], client=2, n=10, state=a.state)
+    c = aso([f32(6, 0)], client=1, n=30, state=b.state)
+    # copies: client 1 -> 30 · [6, 0], client 2 -> 10 · [0, 4]: (180, 40) / 40 = [4.5, 1]
+    np.testing.assert_allclose(c.model[0], [4.5, 1.0])
+    assert c.state.total_n == 40 and c.state.models[1][1] == 30
+    assert b.state.models[1][1] == 10  # the earlier state is left as it was
+
+
+def test_aso_fed_round_of_several_clients_splits_its_samples():
+    view = CrossTier(None, ([f32(4)],), (1,), 0, 0, clients=(1, 2), n_samples=20)
+    a = ASOFed().merge_global(view)
+    assert a.state.models[1][1] == 10 and a.state.models[2][1] == 10
+    b = aso([f32(1)], client=2, n=30, state=a.state)
+    # client 1 -> 10 · [4], client 2 -> 30 · [1]: 70 / 40 = 1.75
+    np.testing.assert_allclose(b.model[0], [1.75])
+
+
+def test_aso_fed_needs_the_arrivals_clients():
+    with pytest.raises(ValueError, match="names no client"):
+        ASOFed().merge_global(CrossTier(None, ([f32(1)],), (1,), 0, 0, n_samples=5))

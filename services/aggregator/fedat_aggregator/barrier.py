@@ -379,10 +379,11 @@ class Barrier:
             closed_at=now,
         )
         acks = tuple(a.tag for a in included) + tuple(late_tags) + tuple(rnd.extra_tags)
-        return Effects(
+        closed = Effects(
             publish=(
                 Outgoing(topology.TIER_MODELS, "", tier_model),
                 Outgoing(topology.EVENTS, topology.ROUND_REPORT_KEY, report),
             ),
             ack=acks,
         )
+        return closed + self._open_idle_tiers(now)  # a strategy may restart clients on close (FedBuff)

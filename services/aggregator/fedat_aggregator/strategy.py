@@ -4,15 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 
 from fedat.aggregate import (
     STALENESS,
     Weights,
+    accumulate_delta,
+    apply_buffer,
+    copies_average,
     fedasync_mix,
     fedat_tier_weights,
+    replace_copy,
     sample_weighted_average,
     uniform_tier_weights,
     weighted_average,
@@ -29,6 +33,20 @@ class CrossTier:
     counts: tuple[int, ...]
     arrived: int  # index of the tier that just reported (0 = fastest)
     staleness: int  # global versions published since the arrival's base version
+    base_model: Weights | None = None  # the global model the arrival was trained from (None: unknown, too old)
+    clients: tuple[int, ...] = ()  # clients whose updates make the arriving tier model
+    n_samples: int = 0  # samples behind the arriving tier model
+    state: object = None  # what the strategy's last GlobalMerge returned as state
+    pending: int = 0  # arrivals absorbed since the last published global model, this one included
+
+
+@dataclass(frozen=True)
+class GlobalMerge:
+    """What merge_global decided; the strategy keeps no state of its own, so the aggregator holds and returns it."""
+
+    model: Weights | None  # the new global model; None: the arrival is absorbed and nothing is published yet
+    tier_weights: np.ndarray  # the weight each tier's model got in this merge
+    state: object = None  # handed back in the next view's `state`
 
 
 @dataclass(frozen=True)
@@ -57,8 +75,8 @@ class Strategy(Protocol):
         """Synchronous merge of one round's client models."""
         ...
 
-    def merge_global(self, view: CrossTier) -> tuple[Weights, np.ndarray]:
-        """The new global model and the weight each tier's model got in it."""
+    def merge_global(self, view: CrossTier) -> GlobalMerge:
+        """The new global model (or None: not yet), each tier's weight in it, and the state for the next view."""
         ...
 
 
@@ -86,14 +104,14 @@ class TierWeighted:
         """Sample-weighted average."""
         return sample_weighted_average(models, n_samples)
 
-    def merge_global(self, view: CrossTier) -> tuple[Weights, np.ndarray]:
+    def merge_global(self, view: CrossTier) -> GlobalMerge:
         """Weighted average of the reported tiers' models."""
         w = self.weigh(view.counts) * np.array([m is not None for m in view.tier_models])
         if w.sum() <= 0:
             raise ValueError("merge_global: no tier has reported")
         w = w / w.sum()
         present = np.flatnonzero(w > 0)
-        return weighted_average([view.tier_models[i] for i in present], w[present]), w
+        return GlobalMerge(weighted_average([view.tier_models[i] for i in present], w[present]), w)
 
 
 @dataclass(frozen=True)
@@ -128,11 +146,11 @@ class TiFL:
         """Sample-weighted average."""
         return sample_weighted_average(models, n_samples)
 
-    def merge_global(self, view: CrossTier) -> tuple[Weights, np.ndarray]:
+    def merge_global(self, view: CrossTier) -> GlobalMerge:
         """Synchronous: the round started from the current global model, so its merge is the new global model."""
         w = np.zeros(len(view.tier_models))
         w[view.arrived] = 1.0
-        return [a.copy() for a in view.tier_models[view.arrived]], w
+        return GlobalMerge([a.copy() for a in view.tier_models[view.arrived]], w)
 
 
 @dataclass(frozen=True)
@@ -161,16 +179,131 @@ class FedAsync:
         """Sample-weighted average (a single client in FedAsync proper)."""
         return sample_weighted_average(models, n_samples)
 
-    def merge_global(self, view: CrossTier) -> tuple[Weights, np.ndarray]:
+    def merge_global(self, view: CrossTier) -> GlobalMerge:
         """Mix the arriving model into the current global model, discounted by its staleness."""
         new = view.tier_models[view.arrived]
         w = np.zeros(len(view.tier_models))
         if view.global_model is None:  # no seed model seen: the first arrival becomes the model
             w[view.arrived] = 1.0
-            return [a.copy() for a in new], w
+            return GlobalMerge([a.copy() for a in new], w)
         s = STALENESS[self.staleness](view.staleness)
         w[view.arrived] = self.alpha * s
-        return fedasync_mix(view.global_model, new, self.alpha, s), w
+        return GlobalMerge(fedasync_mix(view.global_model, new, self.alpha, s), w)
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """FedBuff's state between server steps: Σ s_k · Δ_k over the buffered arrivals (float64) and their number."""
+
+    total: Weights
+    count: int
+
+
+@dataclass(frozen=True)
+class FedBuff:
+    """FedBuff (Nguyen et al., AISTATS 2022): asynchronous clients, their deltas buffered and applied K at a time.
+
+    Every round is one client (configure clients_per_round 1); `concurrency` rounds per tier are open at once, a
+    client restarting as soon as its round closes, not when it is merged. Each arrival adds s(t − τ) · Δ to the
+    buffer, Δ its model minus the global version it was trained from; after `buffer_size` (K) arrivals the server
+    steps w <- w + server_lr · Σ s·Δ / K and publishes. In between nothing is published, so the clients keep
+    training from the same global version.
+    """
+
+    name: str = "fedbuff"
+    concurrency: int = 20
+    buffer_size: int = 10
+    server_lr: float = 1.0
+    staleness: str = "polynomial"
+
+    def schedule(self, busy: Mapping[int, int], stats: TierStats, rng: np.random.Generator) -> list[int]:
+        """Top every tier up to `concurrency` open rounds (closed, unmerged ones sit in the buffer, not in a client)."""
+        # a tier the barrier reports no open count for has none open
+        open_rounds = {m: stats.open[m - 1] if m <= len(stats.open) else 0 for m in busy}
+        return [m for m, n in open_rounds.items() for _ in range(max(0, self.concurrency - n))]
+
+    def select_clients(self, candidates: Sequence[int], k: int, rng: np.random.Generator) -> list[int]:
+        """Uniformly random idle clients."""
+        return _random_subset(candidates, k, rng)
+
+    def merge_tier(self, models: Sequence[Weights], n_samples: Sequence[int]) -> Weights:
+        """Sample-weighted average (a single client in FedBuff proper)."""
+        return sample_weighted_average(models, n_samples)
+
+    def merge_global(self, view: CrossTier) -> GlobalMerge:
+        """Buffer the arrival's staleness-weighted delta; every `buffer_size` arrivals, step the global model."""
+        new = view.tier_models[view.arrived]
+        w = np.zeros(len(view.tier_models))
+        if view.global_model is None:  # no seed model seen: the first arrival becomes the model
+            w[view.arrived] = 1.0
+            return GlobalMerge([a.copy() for a in new], w)
+        s = STALENESS[self.staleness](view.staleness)
+        # an arrival whose base version is unknown adds nothing (see accumulate_delta), so it weighs 0
+        w[view.arrived] = s if view.base_model is not None else 0.0
+        buffer = cast(Buffer | None, view.state)
+        total = accumulate_delta(buffer.total if buffer else None, new, view.base_model, s)
+        count = (buffer.count if buffer else 0) + 1
+        if count < self.buffer_size:
+            return GlobalMerge(None, w, Buffer(total, count))
+        return GlobalMerge(apply_buffer(view.global_model, total, count, self.server_lr), w)
+
+
+@dataclass(frozen=True)
+class Copies:
+    """ASO-Fed's state: each heard-from client's latest model and sample count, and their running Σ n·w and Σ n.
+
+    A new Copies is built per arrival (a shallow copy of `models`, no model copies), so a held state never changes.
+    """
+
+    models: Mapping[int, tuple[Weights, float]]
+    total: Weights  # Σ n·w over the copies, float64
+    total_n: float  # Σ n over the copies
+
+
+@dataclass(frozen=True)
+class ASOFed:
+    """ASO-Fed (Chen et al., 2020), as the project states it: one model copy per client, global = their average.
+
+    The paper's local constraint term is the worker's proximal term, set by config. Every round is one client (configure
+    clients_per_round 1); `concurrency` rounds per tier run at once, as in FedAsync. The global model is the
+    sample-weighted average of the latest model of every client heard from; clients never heard from do not
+    count. The running sums make an arrival cost O(model), not O(clients × model).
+    """
+
+    name: str = "aso-fed"
+    concurrency: int = 20
+
+    def schedule(self, busy: Mapping[int, int], stats: TierStats, rng: np.random.Generator) -> list[int]:
+        """Top every tier up to `concurrency` unmerged rounds."""
+        return [m for m, n in busy.items() for _ in range(max(0, self.concurrency - n))]
+
+    def select_clients(self, candidates: Sequence[int], k: int, rng: np.random.Generator) -> list[int]:
+        """Uniformly random idle clients."""
+        return _random_subset(candidates, k, rng)
+
+    def merge_tier(self, models: Sequence[Weights], n_samples: Sequence[int]) -> Weights:
+        """Sample-weighted average (a single client in ASO-Fed proper)."""
+        return sample_weighted_average(models, n_samples)
+
+    def merge_global(self, view: CrossTier) -> GlobalMerge:
+        """Replace the arriving clients' copies; the global model is the sample-weighted average of all copies."""
+        if not view.clients:
+            raise ValueError("aso-fed: the arriving tier model names no client")
+        new = view.tier_models[view.arrived]
+        held = cast(Copies | None, view.state)
+        models = dict(held.models) if held else {}
+        total, total_n = (held.total, held.total_n) if held else (None, 0.0)
+        # A round of several clients has only their merge: it stands in for each of them, its samples split evenly
+        # so that the round weighs n_samples in all.
+        n = view.n_samples / len(view.clients)
+        for c in view.clients:
+            old, old_n = models.get(c, (None, 0.0))
+            total, total_n = replace_copy(total, total_n, old, old_n, new, n)
+            models[c] = (new, n)
+        model = copies_average(total, total_n)
+        w = np.zeros(len(view.tier_models))
+        w[view.arrived] = view.n_samples / total_n  # the arrival's share of the average
+        return GlobalMerge(model, w, Copies(models, total, total_n))
 
 
 STRATEGIES: dict[str, Strategy] = {
@@ -178,4 +311,6 @@ STRATEGIES: dict[str, Strategy] = {
     "fedat-uniform": TierWeighted("fedat-uniform", uniform_tier_weights),
     "tifl": TiFL(),
     "fedasync": FedAsync(),
+    "fedbuff": FedBuff(),
+    "aso-fed": ASOFed(),
 }
