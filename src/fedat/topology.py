@@ -28,6 +28,7 @@ AGGREGATOR_TIER_MODELS = "fedat.aggregator.tier-models"
 AGGREGATOR_GLOBAL = "fedat.aggregator.global"
 BARRIER_GLOBAL = "fedat.barrier.global"
 BARRIER_ASSIGNMENTS = "fedat.barrier.assignments"
+BARRIER_EVALUATIONS = "fedat.barrier.evaluations"  # TiFL ranks tiers by their clients' test accuracy
 EVALUATOR_GLOBAL = "fedat.evaluator.global"
 RECORDER_GLOBAL = "fedat.recorder.global"
 RECORDER_EVENTS = "fedat.recorder.events"
@@ -109,6 +110,7 @@ def queues(num_tiers: int) -> tuple[Queue, ...]:
         _work_queue(BARRIER_GLOBAL, (GLOBAL, "")),
         _work_queue(BARRIER_ASSIGNMENTS, (CONTROL, "")),
         _observer_queue(EVALUATOR_GLOBAL, (GLOBAL, "")),
+        _observer_queue(BARRIER_EVALUATIONS, (EVENTS, EVALUATION_KEY)),
         _observer_queue(RECORDER_GLOBAL, (GLOBAL, "")),
         _work_queue(RECORDER_EVENTS, (EVENTS, EVALUATION_KEY)),
         # Bounded so that a long run's stale stragglers cannot fill the disk; the oldest go first.

@@ -201,6 +201,7 @@ class Evaluation:
     variance: float
     n_clients: int
     evaluated_at: float
+    accuracies: tuple[float, ...]  # per client, index = client id: TiFL's tier accuracies come from these
     kind: str = field(default="evaluation", init=False)
 
 
@@ -446,6 +447,7 @@ _VALIDATORS: dict[str, Callable[[str, Any], Any]] = {
     "tier_counts": _int_tuple,
     "tier_rounds": _int_tuple,
     "tier_weights": _float_tuple,
+    "accuracies": _float_tuple,
     "tiers": _tiers,
     "merged": _pairs,
     "latencies": _latencies,

@@ -250,3 +250,14 @@ def test_fedbuff_restarts_a_client_when_its_round_closes_before_any_merge():
     new = [o.message for o in fx.publish if isinstance(o.message, TrainTask)]
     assert [(t.round, t.version) for t in new] == [(3, 0)] and new[0].client != tasks[1].client
     assert (1, 1) in b.rounds  # closed, held as unmerged until a global model lists it
+
+
+def test_an_evaluation_gives_each_tier_its_clients_mean_accuracy():
+    from fedat.wire import Evaluation
+
+    b = Barrier(BarrierConfig(tiers=(1, 2), clients_per_round=1, min_clients=1, codec="raw"), STRATEGIES["tifl"])
+    feed = Feed(b)
+    feed(topology.BARRIER_ASSIGNMENTS, TierAssignment("a1", 1, ((0, 2), (1, 3)), {c: 1.0 for c in range(4)}, 0.0))
+    ev = Evaluation("e5", 5, 0.5, 1.0, 0.1, 4, 0.0, accuracies=(0.2, 0.7, 0.4, 0.9))
+    fx = feed(topology.BARRIER_EVALUATIONS, ev)
+    assert fx.ack == (feed.tag,) and b.tier_accuracy == pytest.approx({1: 0.3, 2: 0.8})

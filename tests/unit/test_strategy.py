@@ -137,6 +137,19 @@ def test_tifl_favours_the_worst_tier_and_respects_credits():
     assert tifl.schedule(idle, stats([2, 2, 2], [0.1, 0.5, 0.9]), rng) == []
 
 
+def test_tifl_ranks_by_tier_test_accuracy_once_every_tier_has_one():
+    rng = np.random.default_rng(0)
+    idle = {1: 0, 2: 0, 3: 0}
+    # training losses say tier 3 is worst, test accuracies say tier 1 is: the accuracies win
+    measured = TierStats((1, 1, 1), (0.1, 0.5, 0.9), accuracies=(0.2, 0.6, 0.9))
+    picks = [TiFL().schedule(idle, measured, rng)[0] for _ in range(600)]
+    np.testing.assert_allclose(np.bincount(picks, minlength=4)[1:] / 600, [3 / 6, 2 / 6, 1 / 6], atol=0.06)
+    # one tier not evaluated yet: the losses rank all three
+    partial = TierStats((1, 1, 1), (0.1, 0.5, 0.9), accuracies=(0.2, float("nan"), 0.9))
+    picks = [TiFL().schedule(idle, partial, rng)[0] for _ in range(600)]
+    np.testing.assert_allclose(np.bincount(picks, minlength=4)[1:] / 600, [1 / 6, 2 / 6, 3 / 6], atol=0.06)
+
+
 def test_fedasync_keeps_each_tier_topped_up_to_its_concurrency():
     assert FedAsync(concurrency=3).schedule({1: 1}, stats([0], [0.0]), np.random.default_rng(0)) == [1, 1]
 

@@ -118,7 +118,16 @@ def _assignment() -> TierAssignment:
 
 
 def _evaluation() -> Evaluation:
-    return Evaluation(id="e-1", version=12, accuracy=0.875, loss=0.4, variance=0.01, n_clients=100, evaluated_at=11.0)
+    return Evaluation(
+        id="e-1",
+        version=12,
+        accuracy=0.875,
+        loss=0.4,
+        variance=0.01,
+        n_clients=3,
+        evaluated_at=11.0,
+        accuracies=(0.5, 1.0, 0.75),
+    )
 
 
 def _report() -> RoundReport:

@@ -19,6 +19,7 @@ import numpy as np
 from fedat import topology
 from fedat.service import NOTHING, Effects, Inbound, Outgoing, Reject, done
 from fedat.wire import (
+    Evaluation,
     GlobalModel,
     RoundReport,
     TierAssignment,
@@ -94,6 +95,7 @@ class Barrier:
         self.next_round: dict[int, int] = {}  # number of each tier's next round
         self.closed: dict[int, int] = {}  # rounds of each tier this barrier closed
         self.tier_loss: dict[int, float] = {}  # training loss of each tier's last closed round
+        self.tier_accuracy: dict[int, float] = {}  # mean test accuracy of each tier's clients, latest evaluation
         # Open rounds, and closed ones whose tier model is not merged yet, by (tier, round); a strategy may run
         # several rounds of one tier at once (e.g. FedAsync's concurrent single-client rounds).
         self.rounds: dict[tuple[int, int], _Round] = {}
@@ -108,6 +110,7 @@ class Barrier:
         subs: dict[str, type] = {topology.barrier_queue(m): Update for m in self.cfg.tiers}
         subs[topology.BARRIER_GLOBAL] = GlobalModel
         subs[topology.BARRIER_ASSIGNMENTS] = TierAssignment
+        subs[topology.BARRIER_EVALUATIONS] = Evaluation
         return subs
 
     def on_start(self, now: float) -> Effects:
@@ -134,7 +137,17 @@ class Barrier:
             return self._on_assignment(inbound, msg, now)
         if isinstance(msg, GlobalModel):
             return self._on_global(inbound, msg, now)
+        if isinstance(msg, Evaluation):
+            return self._on_evaluation(inbound, msg)
         return self._on_update(inbound, msg, now)
+
+    def _on_evaluation(self, inbound: Inbound, ev: Evaluation) -> Effects:
+        if self.assignment is not None:
+            for m, clients in enumerate(self.assignment.tiers, start=1):
+                scores = [ev.accuracies[c] for c in clients if c < len(ev.accuracies)]
+                if scores:
+                    self.tier_accuracy[m] = float(np.mean(scores))
+        return done(inbound)
 
     def _on_assignment(self, inbound: Inbound, msg: TierAssignment, now: float) -> Effects:
         if self.assignment is not None and msg.epoch <= self.assignment.epoch:
@@ -249,6 +262,7 @@ class Barrier:
             rounds=tuple(self.closed.get(m, 0) for m in range(1, n + 1)),
             losses=tuple(self.tier_loss.get(m, float("inf")) for m in range(1, n + 1)),
             open=tuple(open_rounds.count(m) for m in range(1, n + 1)),
+            accuracies=tuple(self.tier_accuracy.get(m, float("nan")) for m in range(1, n + 1)),
         )
         for m in self.strategy.schedule(busy, stats, self.rng):
             effects = effects + self._open(m, now)

@@ -56,6 +56,7 @@ class TierStats:
     rounds: tuple[int, ...]  # rounds closed so far
     losses: tuple[float, ...]  # sample-weighted training loss of the last closed round (inf: never ran)
     open: tuple[int, ...] = ()  # rounds still waiting for answers (busy also counts closed, unmerged ones)
+    accuracies: tuple[float, ...] = ()  # mean test accuracy of the tier's clients at the last evaluation (nan: none)
 
 
 class Strategy(Protocol):
@@ -118,9 +119,9 @@ class TierWeighted:
 class TiFL:
     """TiFL (Chai et al., HPDC '20): one tier at a time, picked by adaptive probabilities, FedAvg inside.
 
-    The adaptive rule ranks tiers by accuracy and favours the worst; the barrier has no per-tier test accuracy,
-    so the tier's last-round training loss stands in for it (a tier that never ran counts as the worst).
-    `credits` caps how many rounds each tier may run (0 = no cap).
+    The adaptive rule ranks tiers by test accuracy (the mean over each tier's clients, from the latest
+    evaluation) and favours the worst. Until every tier has an accuracy, the tiers' last-round training losses
+    rank them instead (a tier that never ran counts as the worst). `credits` caps each tier's rounds (0 = none).
     """
 
     name: str = "tifl"
@@ -131,7 +132,9 @@ class TiFL:
         if any(busy.values()) or not busy:
             return []
         tiers = sorted(busy)
-        accuracy = [-stats.losses[m - 1] for m in tiers]
+        accuracy = [stats.accuracies[m - 1] if m <= len(stats.accuracies) else np.nan for m in tiers]
+        if np.isnan(accuracy).any():
+            accuracy = [-stats.losses[m - 1] for m in tiers]
         left = [1 if not self.credits else self.credits - stats.rounds[m - 1] for m in tiers]
         p = tifl_probabilities(accuracy, left)
         if p.sum() <= 0:

@@ -46,7 +46,8 @@ class Evaluator(Reactive):
         if self.last is not None and g.version < self.last + self.cfg.every:
             return done(inbound)
         started = self.clock()
-        acc, loss, var = score(self.trainer.evaluate_per_client(decode_model(g.layers), self.tests))
+        per_client = self.trainer.evaluate_per_client(decode_model(g.layers), self.tests)
+        acc, loss, var = score(per_client)
         self.last = g.version
         if self.metrics:
             self.metrics.accuracy.set(acc)
@@ -61,5 +62,6 @@ class Evaluator(Reactive):
             variance=var,
             n_clients=len(self.tests),
             evaluated_at=self.clock(),
+            accuracies=tuple(float(a) for _, a, _ in per_client),
         )
         return done(inbound, Outgoing(topology.EVENTS, topology.EVALUATION_KEY, ev))
