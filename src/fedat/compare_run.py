@@ -50,10 +50,28 @@ def compare(path: Path, results: Path, minutes: float | None = None) -> str:
         print(f"[fedat compare] {method}: {budget:g} min", flush=True)
         summary = run(exp, out, budget, tag=method)
         done.append(MethodResult(method, summary, curve(Path(summary["run_dir"]))))
+    (out / "compare.json").write_text(
+        json.dumps({r.name: {"summary": r.summary, "curve": r.curve} for r in done}, indent=2)
+    )
+    md = report(out, name, budget, targets, exps[0].settings.get("seed", 0), done)
+    print(md, flush=True)
+    return md
+
+
+def tabulate(path: Path, out: Path) -> str:
+    """Rewrite compare.md and the plots of a finished comparison from its compare.json (e.g. after new columns)."""
+    name, budget, targets, exps = load_comparison(path)
+    raw = json.loads((out / "compare.json").read_text())
+    done = [MethodResult(m, r["summary"], [tuple(p) for p in r["curve"]]) for m, r in raw.items()]
+    return report(out, name, budget, targets, exps[0].settings.get("seed", 0), done)
+
+
+def report(out: Path, name: str, budget: float, targets: list[float], seed: int, done: list[MethodResult]) -> str:
+    """Write compare.md and the plots; return the Markdown."""
     reference = "fedat" if any(r.name == "fedat" for r in done) else done[0].name
     md = "\n\n".join(
         [
-            f"# {name}: {len(done)} methods, {budget:g} min each, seed {exps[0].settings.get('seed', 0)}",
+            f"# {name}: {len(done)} methods, {budget:g} min each, seed {seed}",
             "## Accuracy and per-client variance (the paper's Table 1)",
             accuracy_table(done, reference),
             "## Traffic and time to target accuracy (the paper's Table 2)",
@@ -63,14 +81,10 @@ def compare(path: Path, results: Path, minutes: float | None = None) -> str:
         ]
     )
     (out / "compare.md").write_text(md + "\n")
-    (out / "compare.json").write_text(
-        json.dumps({r.name: {"summary": r.summary, "curve": r.curve} for r in done}, indent=2)
-    )
     try:
         from fedat.plots import plot_comparison
 
         plot_comparison(out, done)
     except ImportError:
         pass
-    print(md, flush=True)
     return md

@@ -34,3 +34,12 @@ def test_compare_runs_every_method_and_writes_both_tables(tmp_path):
     assert "| fedat |" in md and "| fedavg |" in md
     assert (out / "fedat" / "summary.json").exists() and (out / "fedavg" / "summary.json").exists()
     assert (out / "compare_accuracy_vs_time.png").exists()
+    (out / "compare.md").unlink()
+    t = subprocess.run(
+        [sys.executable, "-m", "fedat.cli", "tabulate", str(ROOT / "experiments" / "compare-smoke.yaml"), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert t.returncode == 0, t.stderr[-3000:]
+    assert (out / "compare.md").read_text() == md == t.stdout  # the same tables, from compare.json alone
