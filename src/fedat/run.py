@@ -64,7 +64,7 @@ SETTINGS = frozenset(
     dirichlet_alpha drift_fraction drop_window epochs eval_every ewma_alpha group_sizes learning_rate log_level
     max_message_bytes max_misses min_clients min_deadline model num_clients num_tiers partition precision prefetch
     profile_concurrency profile_deadline profile_epochs prox_lambda retier_every samples_per_client seed
-    step_seconds straggler_fraction strategy tf_threads time_scale unstable_clients""".split()
+    step_seconds straggler_fraction strategy tf_threads tier_sizes time_scale unstable_clients""".split()
 )
 
 

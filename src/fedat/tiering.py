@@ -9,14 +9,22 @@ import numpy as np
 Tiers = tuple[tuple[int, ...], ...]
 
 
-def assign_tiers(latencies: Mapping[int, float], num_tiers: int) -> Tiers:
-    """Sort clients by latency (ties by id) and split into num_tiers near-equal groups, fastest first."""
+def assign_tiers(latencies: Mapping[int, float], num_tiers: int, shares: Sequence[float] = ()) -> Tiers:
+    """Sort clients by latency (ties by id) and cut into tiers, fastest first: near-equal, or in proportion to shares."""
     if num_tiers < 1:
         raise ValueError(f"num_tiers must be >= 1, got {num_tiers}")
     if len(latencies) < num_tiers:
         raise ValueError(f"cannot split {len(latencies)} clients into {num_tiers} tiers")
-    ordered = sorted(latencies, key=lambda c: (latencies[c], c))
-    return tuple(tuple(int(c) for c in group) for group in np.array_split(np.array(ordered, dtype=np.int64), num_tiers))
+    if shares and (len(shares) != num_tiers or min(shares) <= 0):
+        raise ValueError(f"tier shares {list(shares)}: need {num_tiers} positive numbers, one per tier")
+    ordered = np.array(sorted(latencies, key=lambda c: (latencies[c], c)), dtype=np.int64)
+    if not shares:
+        return tuple(tuple(int(c) for c in group) for group in np.array_split(ordered, num_tiers))
+    n, cuts = len(ordered), []
+    for i, ideal in enumerate(np.rint(np.cumsum(shares)[:-1] / sum(shares) * n).astype(int)):
+        # Every tier keeps at least one client, however few are left after drop-outs.
+        cuts.append(min(max(int(ideal), (cuts[-1] if cuts else 0) + 1), n - (num_tiers - 1 - i)))
+    return tuple(tuple(int(c) for c in group) for group in np.split(ordered, cuts))
 
 
 def tier_of(tiers: Tiers) -> dict[int, int]:

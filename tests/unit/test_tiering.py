@@ -57,6 +57,25 @@ def test_assign_tiers_needs_a_tier(num_tiers):
         assign_tiers(LATENCIES, num_tiers)
 
 
+def test_assign_tiers_in_proportion_to_shares():
+    lat = {c: float(c) for c in range(500)}
+    sizes = [len(t) for t in assign_tiers(lat, 5, (50, 50, 100, 100, 200))]
+    assert sizes == [50, 50, 100, 100, 200]
+    assert assign_tiers({c: float(c) for c in range(6)}, 3, (1, 1, 4)) == ((0,), (1,), (2, 3, 4, 5))
+
+
+def test_assign_tiers_shares_keep_a_client_in_every_tier():
+    assert assign_tiers({c: float(c) for c in range(3)}, 3, (1, 1, 100)) == ((0,), (1,), (2,))
+    assert assign_tiers({c: float(c) for c in range(4)}, 3, (100, 1, 1)) == ((0, 1), (2,), (3,))
+
+
+def test_assign_tiers_shares_must_fit_the_tiers():
+    with pytest.raises(ValueError, match="need 3 positive numbers"):
+        assign_tiers(LATENCIES, 3, (1, 2))
+    with pytest.raises(ValueError, match="need 3 positive numbers"):
+        assign_tiers(LATENCIES, 3, (1, 0, 2))
+
+
 def test_assign_tiers_more_tiers_than_clients():
     with pytest.raises(ValueError, match="cannot split 2 clients into 3 tiers"):
         assign_tiers({0: 1.0, 1: 2.0}, 3)

@@ -1,9 +1,10 @@
 """The tier barrier: runs each tier's synchronous rounds and emits one tier-model event per closed round.
 
-A round opens when the tier's previous round has been merged into a new global model (or at the seed model):
-the strategy picks clients of the tier, the barrier publishes their train tasks carrying the compressed global
-model, and holds every update unacked (the broker is the round's durable store) until the round closes — when
-every selected client has answered, or at the deadline with at least `min_clients`. Below that minimum the
+A round opens when the strategy schedules it (FedAT: when the tier's previous round has been merged into a new
+global model, or at the seed model; FedBuff: as soon as a round closes). The strategy picks clients of the tier;
+the barrier publishes their train tasks carrying the compressed global model, and holds every update unacked
+(the broker is the round's durable store) until the round closes — when every selected client has answered, or
+at the deadline with at least `min_clients`. Below that minimum the
 missing slots are re-issued to fresh clients of the tier. An update counts from max(received, not_before).
 An answer that comes after its round closed is acked and reported to the profiler with its real latency: it is
 a straggler, not a malformed message.
@@ -100,8 +101,9 @@ class Barrier:
         # several rounds of one tier at once (e.g. FedAsync's concurrent single-client rounds).
         self.rounds: dict[tuple[int, int], _Round] = {}
         self.waiting: list[Inbound] = []  # updates seen before their round was opened
-        # Ids of recently merged updates, so that a copy redelivered after its round closed is acked, not rejected.
-        self.merged: OrderedDict[str, None] = OrderedDict()
+        # Ids of recently merged or late-acked updates: a copy redelivered after its round closed is acked, not
+        # rejected, and counted nowhere.
+        self.handled: OrderedDict[str, None] = OrderedDict()
         # Task ids of clients that had not answered when their round closed: their answer is a late one.
         self.awaited: OrderedDict[str, None] = OrderedDict()
 
@@ -155,6 +157,7 @@ class Barrier:
         if len(msg.tiers) < max(self.cfg.tiers):
             raise Reject(f"tier assignment {msg.epoch} has {len(msg.tiers)} tiers, this barrier runs {self.cfg.tiers}")
         self.assignment = msg
+        self.tier_accuracy = {}  # the tiers' members changed: rank by training loss until the next evaluation
         return done(inbound) + self._open_idle_tiers(now)
 
     def _on_global(self, inbound: Inbound, msg: GlobalModel, now: float) -> Effects:
@@ -171,19 +174,20 @@ class Barrier:
         return effects + self._open_idle_tiers(now)
 
     def _on_update(self, inbound: Inbound, u: Update, now: float) -> Effects:
-        if self.assignment is not None and not any(u.client in t for t in self.assignment.tiers):
-            raise Reject(f"unknown client {u.client}: not in tier assignment {self.assignment.epoch}")
         rnd = self.rounds.get((u.tier, u.round))
-        if u.id in self.merged:
+        if u.id in self.handled:
             if self.metrics:
                 self.metrics.duplicates.labels(str(u.tier)).inc()
             return done(inbound)  # a redelivered copy of an update already merged: idempotent, not stale
+        closed = rnd is None or rnd.tasks is None
+        if closed and u.task_id in self.awaited:
+            return self._late(inbound, u, now)  # even from a client re-tiering dropped since: it did answer
+        if self.assignment is not None and not any(u.client in t for t in self.assignment.tiers):
+            raise Reject(f"unknown client {u.client}: not in tier assignment {self.assignment.epoch}")
         if rnd is None and u.round >= self.next_round.get(u.tier, 1):
             self.waiting.append(inbound)  # its round is not (re)opened yet, e.g. after a restart
             return NOTHING
-        if (rnd is None or rnd.tasks is None) and u.task_id in self.awaited:
-            return self._late(inbound, u, now)
-        if rnd is None or rnd.tasks is None:
+        if closed:
             raise Reject(f"stale round: tier {u.tier} round {u.round} is already closed")
         if rnd.tasks.get(u.client) != u.task_id:
             raise Reject(f"client {u.client} was not given task {u.task_id} in tier {u.tier} round {u.round}")
@@ -210,6 +214,7 @@ class Barrier:
 
     def _late(self, inbound: Inbound, u: Update, now: float) -> Effects:
         del self.awaited[u.task_id]
+        self.handled[u.id] = None
         if self.metrics:
             self.metrics.late_answers.labels(str(u.tier)).inc()
         report = RoundReport(
@@ -266,11 +271,15 @@ class Barrier:
         )
         for m in self.strategy.schedule(busy, stats, self.rng):
             effects = effects + self._open(m, now)
+        # Updates that came before their round opened (after a restart) are replayed once every round is open;
+        # a replay may close a round, which schedules again, but never inside the loop above.
+        pending, self.waiting = self.waiting, []
+        for inbound in pending:
+            effects = effects + self._replay(inbound, now)
         return effects
 
     def _open(self, tier: int, now: float) -> Effects:
-        training = {c for (t, _), r in self.rounds.items() if t == tier and r.tasks for c in r.tasks}
-        candidates = [c for c in self.assignment.tiers[tier - 1] if c not in training]
+        candidates = [c for c in self.assignment.tiers[tier - 1] if c not in self._training(tier)]
         if not candidates:
             return NOTHING
         number = self.next_round.get(tier, 1)
@@ -279,13 +288,12 @@ class Barrier:
         rnd = _Round(tier, number, self.model.version, now, 0.0, {}, target=len(clients))
         self.rounds[(tier, number)] = rnd
         effects = self._dispatch(rnd, clients, now)
-        # Updates that arrived before this round opened (after a restart) are replayed now.
-        pending, self.waiting = self.waiting, []
-        for inbound in pending:
-            effects = effects + self._replay(inbound, now)
         if self.metrics:
             self.metrics.rounds_opened.labels(str(tier)).inc()
         return effects
+
+    def _training(self, tier: int) -> set[int]:
+        return {c for (t, _), r in self.rounds.items() if t == tier and r.tasks for c in r.tasks}
 
     def _replay(self, inbound: Inbound, now: float) -> Effects:
         try:
@@ -336,7 +344,8 @@ class Barrier:
     def _reissue(self, rnd: _Round, now: float) -> Effects:
         # The stragglers keep their tasks: an answer from them still counts while the round is open.
         need = rnd.target - len(rnd.arrivals)
-        fresh = [c for c in self.assignment.tiers[rnd.tier - 1] if c not in rnd.tasks]
+        busy = self._training(rnd.tier)  # this round's clients, and those of the tier's other open rounds
+        fresh = [c for c in self.assignment.tiers[rnd.tier - 1] if c not in busy]
         rnd.reissues += 1
         if self.metrics:
             self.metrics.reissues.labels(str(rnd.tier)).inc()
@@ -372,9 +381,9 @@ class Barrier:
         for c in missing:
             self.awaited[rnd.tasks[c]] = None
         rnd.tasks = None  # closed: further timers and updates for it are stale
-        for a in included:
-            self.merged[a.update.id] = None
-        for memory in (self.merged, self.awaited):
+        for a in rnd.arrivals.values():  # merged, or acked now as counting only after the close
+            self.handled[a.update.id] = None
+        for memory in (self.handled, self.awaited):
             while len(memory) > MERGED_MEMORY:
                 memory.popitem(last=False)
         self.closed[rnd.tier] = self.closed.get(rnd.tier, 0) + 1

@@ -28,6 +28,7 @@ def settings(env: Mapping[str, str]) -> Settings:
     cfg = ProfilerConfig(
         num_clients=config.get_int(env, "FEDAT_NUM_CLIENTS", d.num_clients),
         num_tiers=config.get_int(env, "FEDAT_NUM_TIERS", d.num_tiers),
+        tier_sizes=config.get_floats(env, "FEDAT_TIER_SIZES", d.tier_sizes),
         profile_epochs=config.get_int(env, "FEDAT_PROFILE_EPOCHS", d.profile_epochs),
         batch_size=config.get_int(env, "FEDAT_BATCH_SIZE", d.batch_size),
         learning_rate=config.get_float(env, "FEDAT_LEARNING_RATE", d.learning_rate),
@@ -40,6 +41,8 @@ def settings(env: Mapping[str, str]) -> Settings:
         codec=config.get_str(env, "FEDAT_CODEC", d.codec),
         precision=config.get_int(env, "FEDAT_PRECISION", d.precision),
     )
+    if cfg.tier_sizes and (len(cfg.tier_sizes) != cfg.num_tiers or min(cfg.tier_sizes) <= 0):
+        raise config.ConfigError(f"FEDAT_TIER_SIZES needs {cfg.num_tiers} positive numbers, one per tier")
     return Settings(config.broker(env, 64), cfg, config.get_int(env, "FEDAT_METRICS_PORT", 9103))
 
 

@@ -23,6 +23,7 @@ class ProfilerConfig:
 
     num_clients: int = 100
     num_tiers: int = 5
+    tier_sizes: tuple[float, ...] = ()  # relative tier sizes, fastest first (e.g. 50,50,100,100,200); () = equal
     profile_epochs: int = 1
     batch_size: int = 10
     learning_rate: float = 1e-3
@@ -106,7 +107,7 @@ class Profiler:
         self.samples_since += len(samples)
         if self.tiers is not None and evicted and len(self.latency) >= self.cfg.num_tiers:
             self.samples_since = 0
-            return self._publish(assign_tiers(self.latency, self.cfg.num_tiers), now)
+            return self._publish(self._tiers(), now)
         if self.tiers is not None and self.samples_since >= self.cfg.retier_every:
             self.samples_since = 0
             return self._retier(now)
@@ -141,14 +142,17 @@ class Profiler:
             return Effects(timers=((self.cfg.profile_deadline, "profile-deadline"),))
         self.queue.clear()
         self.outstanding.clear()
-        return self._publish(assign_tiers(self.latency, self.cfg.num_tiers), now)
+        return self._publish(self._tiers(), now)
 
     def _retier(self, now: float) -> Effects:
-        new = assign_tiers(self.latency, self.cfg.num_tiers)
+        new = self._tiers()
         moved = moved_clients(self.tiers, new)
         if len(moved) < self.cfg.drift_fraction * len(self.latency):
             return Effects()
         return self._publish(new, now)
+
+    def _tiers(self) -> Tiers:
+        return assign_tiers(self.latency, self.cfg.num_tiers, self.cfg.tier_sizes)
 
     def _publish(self, tiers: Tiers, now: float) -> Effects:
         self.epoch += 1
