@@ -10,7 +10,7 @@ Tiers = tuple[tuple[int, ...], ...]
 
 
 def assign_tiers(latencies: Mapping[int, float], num_tiers: int, shares: Sequence[float] = ()) -> Tiers:
-    """Sort clients by latency (ties by id) and cut into tiers, fastest first: near-equal, or in proportion to shares."""
+    """Sort clients by latency (ties by id), cut into tiers fastest first: near-equal, or in proportion to shares."""
     if num_tiers < 1:
         raise ValueError(f"num_tiers must be >= 1, got {num_tiers}")
     if len(latencies) < num_tiers:
