@@ -24,7 +24,6 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--minutes", type=float, default=None, help="budget per method (default: the file's)")
     c.add_argument("--results", type=Path, default=Path("results"))
     t = sub.add_parser("tabulate", help="rewrite a finished comparison's tables and plots from its compare.json")
-    t.add_argument("comparison", type=Path)
     t.add_argument("results_dir", type=Path)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
@@ -34,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
         elif args.command == "tabulate":
             from fedat.compare_run import tabulate
 
-            print(tabulate(args.comparison, args.results_dir))
+            print(tabulate(args.results_dir))
         else:
             from fedat.compare_run import compare
 

@@ -39,7 +39,7 @@ def _pct(x: float) -> str:
     return f"{x * 100:+.2f} %"
 
 
-def accuracy_table(results: Sequence[MethodResult], reference: str = "fedat") -> str:
+def accuracy_table(results: Sequence[MethodResult], budget_seconds: float, reference: str = "fedat") -> str:
     """Table 1: best and last-quarter accuracy, per-client accuracy variance normalised to the reference's."""
     ref = next(r for r in results if r.name == reference)
     ref_var = ref.summary.get("best_accuracy_variance") or 0.0
@@ -53,8 +53,7 @@ def accuracy_table(results: Sequence[MethodResult], reference: str = "fedat") ->
         late = r.summary.get("late_fraction", 0.0)
         flag = " ⚠ workers could not keep up" if late > LATE_WARNING else ""
         best = r.summary.get("best_accuracy")
-        end = r.summary.get("wall_seconds") or max((t for t, *_ in r.curve), default=0.0)
-        tail = tail_mean(r.curve, end)
+        tail = tail_mean(r.curve, budget_seconds)  # curve times count from the end of start-up, like the budget
         cells = [
             f"{best:.3f}" if best is not None else "—",
             f"{tail:.3f}" if tail is not None else "—",

@@ -50,20 +50,20 @@ def compare(path: Path, results: Path, minutes: float | None = None) -> str:
         print(f"[fedat compare] {method}: {budget:g} min", flush=True)
         summary = run(exp, out, budget, tag=method)
         done.append(MethodResult(method, summary, curve(Path(summary["run_dir"]))))
-    (out / "compare.json").write_text(
-        json.dumps({r.name: {"summary": r.summary, "curve": r.curve} for r in done}, indent=2)
-    )
-    md = report(out, name, budget, targets, exps[0].settings.get("seed", 0), done)
+    seed = exps[0].settings.get("seed", 0)
+    methods = {r.name: {"summary": r.summary, "curve": r.curve} for r in done}
+    meta = {"name": name, "minutes": budget, "targets": targets, "seed": seed}
+    (out / "compare.json").write_text(json.dumps({**meta, "methods": methods}, indent=2))
+    md = report(out, name, budget, targets, seed, done)
     print(md, flush=True)
     return md
 
 
-def tabulate(path: Path, out: Path) -> str:
-    """Rewrite compare.md and the plots of a finished comparison from its compare.json (e.g. after new columns)."""
-    name, budget, targets, exps = load_comparison(path)
+def tabulate(out: Path) -> str:
+    """Rewrite compare.md and the plots of a finished comparison from its compare.json alone (e.g. new columns)."""
     raw = json.loads((out / "compare.json").read_text())
-    done = [MethodResult(m, r["summary"], [tuple(p) for p in r["curve"]]) for m, r in raw.items()]
-    return report(out, name, budget, targets, exps[0].settings.get("seed", 0), done)
+    done = [MethodResult(m, r["summary"], [tuple(p) for p in r["curve"]]) for m, r in raw["methods"].items()]
+    return report(out, raw["name"], raw["minutes"], raw["targets"], raw["seed"], done)
 
 
 def report(out: Path, name: str, budget: float, targets: list[float], seed: int, done: list[MethodResult]) -> str:
@@ -73,7 +73,7 @@ def report(out: Path, name: str, budget: float, targets: list[float], seed: int,
         [
             f"# {name}: {len(done)} methods, {budget:g} min each, seed {seed}",
             "## Accuracy and per-client variance (the paper's Table 1)",
-            accuracy_table(done, reference),
+            accuracy_table(done, budget * 60, reference),
             "## Traffic and time to target accuracy (the paper's Table 2)",
             traffic_table(done, targets, reference),
             "## Rounds per tier",

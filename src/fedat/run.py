@@ -292,6 +292,16 @@ def summarize(exp: Experiment, s: RunState, wall: float) -> dict:
         "wall_seconds": round(wall, 1),
         "evaluations": len(evals),
         "latency_model": {
-            k: exp.settings.get(k) for k in ("time_scale", "device_factor", "delays", "unstable_clients")
+            k: exp.settings.get(k)
+            for k in (
+                "time_scale",
+                "device_factor",
+                "delays",
+                "step_seconds",
+                "group_sizes",
+                "tier_sizes",
+                "straggler_fraction",
+                "unstable_clients",
+            )
         },
     }

@@ -16,7 +16,7 @@ import numpy as np
 
 from fedat.codec import CODECS, MAX_PRECISION, MIN_PRECISION, CodecError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: global-model `merged`, evaluation `accuracies`
 # Half the broker's default 128 MiB frame limit: a message over the broker's limit closes the whole channel.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 MAX_LAYER_ELEMENTS = 50_000_000
@@ -357,6 +357,10 @@ def _float_tuple(name: str, v: Any) -> tuple[float, ...]:
     return tuple(_float(f"{name}[{i}]", x) for i, x in enumerate(_list(name, v)))
 
 
+def _nonneg_float_tuple(name: str, v: Any) -> tuple[float, ...]:
+    return tuple(_nonneg_float(f"{name}[{i}]", x) for i, x in enumerate(_list(name, v)))
+
+
 def _tiers(name: str, v: Any) -> tuple[tuple[int, ...], ...]:
     return tuple(_int_tuple(f"{name}[{i}]", t) for i, t in enumerate(_list(name, v)))
 
@@ -447,7 +451,7 @@ _VALIDATORS: dict[str, Callable[[str, Any], Any]] = {
     "tier_counts": _int_tuple,
     "tier_rounds": _int_tuple,
     "tier_weights": _float_tuple,
-    "accuracies": _float_tuple,
+    "accuracies": _nonneg_float_tuple,
     "tiers": _tiers,
     "merged": _pairs,
     "latencies": _latencies,

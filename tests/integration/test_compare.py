@@ -36,7 +36,7 @@ def test_compare_runs_every_method_and_writes_both_tables(tmp_path):
     assert (out / "compare_accuracy_vs_time.png").exists()
     (out / "compare.md").unlink()
     t = subprocess.run(
-        [sys.executable, "-m", "fedat.cli", "tabulate", str(ROOT / "experiments" / "compare-smoke.yaml"), str(out)],
+        [sys.executable, "-m", "fedat.cli", "tabulate", str(out)],
         capture_output=True,
         text=True,
         timeout=120,
