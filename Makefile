@@ -4,9 +4,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 MINUTES ?= 10
 EXPERIMENT ?= experiments/fmnist2-fedat.yaml
+COMPARISON ?= experiments/compare-fmnist2.yaml
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: all setup run test test-unit test-broker bench lint clean broker data
+.PHONY: all setup run compare test test-unit test-broker bench lint clean broker data
 
 all: setup
 
@@ -27,6 +28,9 @@ data:
 
 run: setup broker data
 	$(PY) -m fedat.cli run $(EXPERIMENT) --minutes $(MINUTES)
+
+compare: setup broker data
+	$(PY) -m fedat.cli compare $(COMPARISON)
 
 test: setup broker data
 	$(PY) -m pytest -p no:cacheprovider tests
