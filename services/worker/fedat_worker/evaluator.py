@@ -14,9 +14,22 @@ from fedat.wire import Evaluation, GlobalModel, decode_model
 
 @dataclass(frozen=True)
 class EvaluatorConfig:
-    """How often to evaluate."""
+    """How often to evaluate: every `every` versions (0: never by count) or `interval` seconds (0: never by time)."""
 
     every: int = 5
+    interval: float = 0.0
+
+
+def due(version: int, now: float, last: tuple[int, float] | None, every: int, interval: float) -> bool:
+    """Whether to score `version`: the first one seen, or `every` versions or `interval` s after the last scored."""
+    if last is None:
+        return True
+    last_version, last_time = last
+    if version <= last_version:
+        return False
+    by_count = every > 0 and version >= last_version + every
+    by_time = interval > 0 and now - last_time >= interval
+    return by_count or by_time
 
 
 def score(per_client: list[tuple[float, float, int]]) -> tuple[float, float, float]:
@@ -27,14 +40,14 @@ def score(per_client: list[tuple[float, float, int]]) -> tuple[float, float, flo
 
 
 class Evaluator(Reactive):
-    """Evaluates every `every`-th global version (and always the first one it sees)."""
+    """Evaluates the first global version it sees, then as `due` says: a time interval treats methods alike."""
 
     name = "evaluator"
 
     def __init__(self, cfg: EvaluatorConfig, clients, trainer, clock: Callable[[], float], metrics=None):
         self.cfg, self.trainer, self.clock, self.metrics = cfg, trainer, clock, metrics
         self.tests = [(c.x_test, c.y_test) for c in clients]
-        self.last: int | None = None
+        self.last: tuple[int, float] | None = None  # (version, time) of the last evaluation
 
     def subscriptions(self) -> dict[str, type]:
         """Global models (a bounded observer queue: a slow evaluator skips versions, never blocks anyone)."""
@@ -43,12 +56,12 @@ class Evaluator(Reactive):
     def handle(self, inbound: Inbound, now: float) -> Effects:
         """Evaluate when due and publish the scores."""
         g: GlobalModel = inbound.message
-        if self.last is not None and g.version < self.last + self.cfg.every:
+        if not due(g.version, now, self.last, self.cfg.every, self.cfg.interval):
             return done(inbound)
         started = self.clock()
         per_client = self.trainer.evaluate_per_client(decode_model(g.layers), self.tests)
         acc, loss, var = score(per_client)
-        self.last = g.version
+        self.last = (g.version, now)
         if self.metrics:
             self.metrics.accuracy.set(acc)
             self.metrics.variance.set(var)

@@ -17,7 +17,9 @@ def main() -> None:
     setup_logging("evaluator")
     env = os.environ
     workload = workload_from_env(env)
-    cfg = EvaluatorConfig(every=config.get_int(env, "FEDAT_EVAL_EVERY", 5))
+    cfg = EvaluatorConfig(
+        every=config.get_int(env, "FEDAT_EVAL_EVERY", 5), interval=config.get_float(env, "FEDAT_EVAL_INTERVAL", 0.0)
+    )
     broker = config.broker(env, 1)
     clients, _, trainer = build(workload, config.get_int(env, "FEDAT_TF_THREADS", 1))
     metrics = evaluator_metrics()
