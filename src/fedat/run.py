@@ -61,9 +61,9 @@ class Experiment:
 # the ones `fedat run` sets per process. A typo must fail loudly, not run the default silently.
 SETTINGS = frozenset(
     """batch_size classes_per_client clients_per_round codec data_root dataset deadline_factor delays device_factor
-    dirichlet_alpha drift_fraction drop_window epochs eval_every eval_interval ewma_alpha group_sizes learning_rate log_level
-    max_message_bytes max_misses min_clients min_deadline model num_clients num_tiers partition precision prefetch
-    profile_concurrency profile_deadline profile_epochs prox_lambda retier_every samples_per_client seed
+    dirichlet_alpha drift_fraction drop_window epochs eval_every eval_interval ewma_alpha group_sizes learning_rate
+    log_level max_message_bytes max_misses min_clients min_deadline model num_clients num_tiers partition precision
+    prefetch profile_concurrency profile_deadline profile_epochs prox_lambda retier_every samples_per_client seed
     step_seconds straggler_fraction strategy tf_threads tier_sizes time_scale unstable_clients""".split()
 )
 
