@@ -81,6 +81,18 @@ class Strategy(Protocol):
         ...
 
 
+def _top_up(counts: Mapping[int, int], concurrency: int) -> list[int]:
+    """Each tier repeated as many times as it is short of `concurrency` rounds."""
+    return [m for m, n in counts.items() for _ in range(max(0, concurrency - n))]
+
+
+def _seed_from_first(view: CrossTier) -> GlobalMerge:
+    """No seed model seen: the first arrival becomes the global model."""
+    w = np.zeros(len(view.tier_models))
+    w[view.arrived] = 1.0
+    return GlobalMerge([a.copy() for a in view.tier_models[view.arrived]], w)
+
+
 def _random_subset(candidates: Sequence[int], k: int, rng: np.random.Generator) -> list[int]:
     k = min(k, len(candidates))
     return sorted(int(c) for c in rng.choice(np.asarray(candidates, dtype=np.int64), size=k, replace=False))
@@ -172,7 +184,7 @@ class FedAsync:
 
     def schedule(self, busy: Mapping[int, int], stats: TierStats, rng: np.random.Generator) -> list[int]:
         """Top every tier up to `concurrency` unmerged rounds."""
-        return [m for m, n in busy.items() for _ in range(max(0, self.concurrency - n))]
+        return _top_up(busy, self.concurrency)
 
     def select_clients(self, candidates: Sequence[int], k: int, rng: np.random.Generator) -> list[int]:
         """Uniformly random idle clients."""
@@ -184,11 +196,10 @@ class FedAsync:
 
     def merge_global(self, view: CrossTier) -> GlobalMerge:
         """Mix the arriving model into the current global model, discounted by its staleness."""
+        if view.global_model is None:
+            return _seed_from_first(view)
         new = view.tier_models[view.arrived]
         w = np.zeros(len(view.tier_models))
-        if view.global_model is None:  # no seed model seen: the first arrival becomes the model
-            w[view.arrived] = 1.0
-            return GlobalMerge([a.copy() for a in new], w)
         s = STALENESS[self.staleness](view.staleness)
         w[view.arrived] = self.alpha * s
         return GlobalMerge(fedasync_mix(view.global_model, new, self.alpha, s), w)
@@ -223,7 +234,7 @@ class FedBuff:
         """Top every tier up to `concurrency` open rounds (closed, unmerged ones sit in the buffer, not in a client)."""
         # a tier the barrier reports no open count for has none open
         open_rounds = {m: stats.open[m - 1] if m <= len(stats.open) else 0 for m in busy}
-        return [m for m, n in open_rounds.items() for _ in range(max(0, self.concurrency - n))]
+        return _top_up(open_rounds, self.concurrency)
 
     def select_clients(self, candidates: Sequence[int], k: int, rng: np.random.Generator) -> list[int]:
         """Uniformly random idle clients."""
@@ -235,11 +246,10 @@ class FedBuff:
 
     def merge_global(self, view: CrossTier) -> GlobalMerge:
         """Buffer the arrival's staleness-weighted delta; every `buffer_size` arrivals, step the global model."""
+        if view.global_model is None:
+            return _seed_from_first(view)
         new = view.tier_models[view.arrived]
         w = np.zeros(len(view.tier_models))
-        if view.global_model is None:  # no seed model seen: the first arrival becomes the model
-            w[view.arrived] = 1.0
-            return GlobalMerge([a.copy() for a in new], w)
         s = STALENESS[self.staleness](view.staleness)
         # an arrival whose base version is unknown adds nothing (see accumulate_delta), so it weighs 0
         w[view.arrived] = s if view.base_model is not None else 0.0
@@ -278,7 +288,7 @@ class ASOFed:
 
     def schedule(self, busy: Mapping[int, int], stats: TierStats, rng: np.random.Generator) -> list[int]:
         """Top every tier up to `concurrency` unmerged rounds."""
-        return [m for m, n in busy.items() for _ in range(max(0, self.concurrency - n))]
+        return _top_up(busy, self.concurrency)
 
     def select_clients(self, candidates: Sequence[int], k: int, rng: np.random.Generator) -> list[int]:
         """Uniformly random idle clients."""
