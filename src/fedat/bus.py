@@ -20,6 +20,7 @@ import pika.exceptions as pe
 from fedat import topology, wire
 from fedat.metrics import TransportMetrics
 from fedat.service import Effects, Inbound, Outgoing, Reject, Service
+from fedat.tls import TlsConfig, ssl_options
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +38,8 @@ class BrokerConfig:
     heartbeat: int = 60
     max_backoff: float = 10.0
     max_message_bytes: int = wire.MAX_MESSAGE_BYTES
+    tls: TlsConfig | None = None  # amqps:// needs it: CA, and client certificate/key for mutual TLS
+    declare: bool = True  # False where a provisioner declared the topology and the user may not configure
 
 
 def connect(cfg: BrokerConfig) -> pika.BlockingConnection:
@@ -44,6 +47,8 @@ def connect(cfg: BrokerConfig) -> pika.BlockingConnection:
     params = pika.URLParameters(cfg.url)
     params.heartbeat = cfg.heartbeat
     params.blocked_connection_timeout = 300
+    if cfg.tls is not None:
+        params.ssl_options = ssl_options(cfg.tls)
     return pika.BlockingConnection(params)
 
 

@@ -16,6 +16,10 @@ GLOBAL = "fedat.global"  # fanout
 CONTROL = "fedat.control"  # fanout: tier assignments
 EVENTS = "fedat.events"  # topic: routing key "evaluation" or "round-report"
 DLX = "fedat.dlx"  # fanout: dead letters
+STATE = "fedat.state"  # topic: routing key = the stateful service's name; its journal of snapshots
+
+# Services whose state must survive a restart; each keeps it in its own queue `fedat.state.<service>`.
+STATEFUL = ("barrier", "aggregator", "profiler")
 
 DEAD_LETTERS = "fedat.dead-letters"
 PROFILE_KEY = "profile"
@@ -51,6 +55,11 @@ def tier_key(tier: int) -> str:
 def train_queue(tier: int) -> str:
     """Queue that workers of tier m consume train tasks from."""
     return f"{TRAIN}.{tier_key(tier)}"
+
+
+def state_queue(service: str) -> str:
+    """The queue that holds `service`'s persisted state (written and read only by that service)."""
+    return f"{STATE}.{service}"
 
 
 def barrier_queue(tier: int) -> str:
