@@ -1,9 +1,16 @@
-"""The one port to RabbitMQ: runs a Service (decode -> handle -> publish with confirms -> ack) and reconnects.
+"""The one port to RabbitMQ: runs a Service (decode -> handler -> save -> publish with confirms -> ack) and reconnects.
 
-Nothing else in the project builds AMQP frames. Failure model: a connection or channel loss drops every
-unacked delivery back to the broker, so the shell rebuilds the connection with capped backoff and calls
-`service.on_start()` so the service forgets what it held. Malformed or rejected messages are republished to the
-dead-letter exchange with the reason in a header, then acked: nothing is lost and nothing loops.
+Nothing else in the project builds AMQP frames. Order of a transition's effects, and why it is safe:
+
+1. the outputs are encoded (and signed) first, so an output that cannot be sent rejects the input before anything
+   happened;
+2. a durable service's new state is saved with its outbox as one checkpoint (confirmed) — write-ahead;
+3. the outbox is published (each confirmed), dead letters are sent, inputs are acked, last.
+
+A crash after 2 republishes the outbox on restart (same ids: receivers drop copies); a crash before 2 leaves the
+inputs unacked, so the broker redelivers them to a service that restores the previous checkpoint. Either way no
+input is acked whose effect is not saved, and no output is seen whose state is not saved. Malformed, forged or
+refused messages are republished to the dead-letter exchange with the reason in a header, then acked.
 """
 
 from __future__ import annotations
@@ -11,15 +18,17 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import pika
 import pika.exceptions as pe
 
-from fedat import topology, wire
+from fedat import checkpoint, ids, signing, topology, wire
+from fedat.checkpoint import Checkpoint, Sent
 from fedat.metrics import TransportMetrics
-from fedat.service import Effects, Inbound, Outgoing, Reject, Service
+from fedat.service import Effects, Held, Inbound, Observation, Outgoing, Reject, Service
 from fedat.tls import TlsConfig, ssl_options
 
 log = logging.getLogger(__name__)
@@ -40,6 +49,7 @@ class BrokerConfig:
     max_message_bytes: int = wire.MAX_MESSAGE_BYTES
     tls: TlsConfig | None = None  # amqps:// needs it: CA, and client certificate/key for mutual TLS
     declare: bool = True  # False where a provisioner declared the topology and the user may not configure
+    keyring: signing.Keyring | None = None  # sign what is published, verify what is consumed; None = neither
 
 
 def connect(cfg: BrokerConfig) -> pika.BlockingConnection:
@@ -52,75 +62,168 @@ def connect(cfg: BrokerConfig) -> pika.BlockingConnection:
     return pika.BlockingConnection(params)
 
 
-def properties(msg: wire.Message, headers: dict | None = None) -> pika.BasicProperties:
+def properties(kind: str, message_id: str, headers: Mapping[str, str] | None = None) -> pika.BasicProperties:
     """Persistent, typed, identified AMQP properties for a message."""
     return pika.BasicProperties(
         delivery_mode=pika.DeliveryMode.Persistent,
         content_type="application/msgpack",
-        message_id=msg.id,
-        type=msg.kind,
+        message_id=message_id,
+        type=kind,
         timestamp=int(time.time()),
-        headers=headers,
+        headers=dict(headers) if headers else None,
     )
 
 
-def publish_all(
-    channel,
-    outgoing: Iterable[Outgoing],
-    metrics: TransportMetrics | None = None,
-    max_bytes: int = wire.MAX_MESSAGE_BYTES,
-) -> None:
-    """Publish each message mandatory and persistent on a confirm channel; raises if any is unroutable or nacked."""
+def encode_all(outgoing: Iterable[Outgoing], cfg: BrokerConfig) -> tuple[Sent, ...]:
+    """Encode (and sign) every message; raises WireError for one over the size limit, before anything is sent."""
+    sent = []
     for out in outgoing:
-        body = wire.encode(out.message, max_bytes)  # over the limit raises here: never let the broker close us
+        body = wire.encode(out.message, cfg.max_message_bytes)  # never let the broker close us for an oversize
+        headers: tuple[tuple[str, str], ...] = ()
+        if cfg.keyring is not None:
+            headers = tuple(signing.sign(cfg.keyring, out.message, body).items())
+        sent.append(Sent(out.exchange, out.routing_key, out.message.kind, out.message.id, body, headers))
+    return tuple(sent)
+
+
+def publish_sent(channel, sent: Iterable[Sent], metrics: TransportMetrics | None = None) -> None:
+    """Publish encoded messages mandatory and persistent on a confirm channel; raises if unroutable or nacked."""
+    for s in sent:
         channel.basic_publish(
-            exchange=out.exchange,
-            routing_key=out.routing_key,
-            body=body,
-            properties=properties(out.message),
+            exchange=s.exchange,
+            routing_key=s.routing_key,
+            body=s.body,
+            properties=properties(s.kind, s.id, dict(s.headers)),
             mandatory=True,
         )
         if metrics:
-            metrics.published.labels(out.message.kind).inc()
-            metrics.published_bytes.labels(out.message.kind).inc(len(body))
+            metrics.published.labels(s.kind).inc()
+            metrics.published_bytes.labels(s.kind).inc(len(s.body))
 
 
 def publish_once(cfg: BrokerConfig, outgoing: Iterable[Outgoing]) -> None:
     """Open a connection, declare the topology, publish with confirms, close (for one-shot jobs)."""
+    sent = encode_all(outgoing, cfg)
     conn = connect(cfg)
     try:
         ch = conn.channel()
         ch.confirm_delivery()
-        topology.declare(ch, cfg.num_tiers)
-        publish_all(ch, outgoing, max_bytes=cfg.max_message_bytes)
+        if cfg.declare:
+            topology.declare(ch, cfg.num_tiers)
+        publish_sent(ch, sent)
     finally:
         conn.close()
 
 
-class _Session:
-    """One connection's worth of running a service."""
+class BrokerStore:
+    """A service's checkpoint in its single-message quorum queue `fedat.state.<service>` (see topology)."""
+
+    def __init__(self, service: str):
+        self.service = service
+        self.queue = topology.state_queue(service)
+
+    def load(self, channel) -> Checkpoint | None:
+        """The latest checkpoint, left in the queue; None if the service never saved one."""
+        method, _, body = channel.basic_get(self.queue, auto_ack=False)
+        if method is None:
+            return None
+        channel.basic_nack(delivery_tag=method.delivery_tag, requeue=True)  # stays: it is the state, not a task
+        return checkpoint.decode(body, self.service)
+
+    def save(self, channel, c: Checkpoint) -> None:
+        """Replace the checkpoint (confirmed; the queue keeps only the newest)."""
+        channel.basic_publish(
+            exchange=topology.STATE,
+            routing_key=self.service,
+            body=checkpoint.encode(c),
+            properties=properties("checkpoint", f"{self.service}-{c.seq}"),
+            mandatory=True,
+        )
+
+
+class Runner:
+    """Runs one service across connections: its state, its checkpoint sequence, and the current session."""
 
     def __init__(
-        self, conn, channel, service: Service, metrics: TransportMetrics, clock: Callable[[], float], max_bytes: int
+        self,
+        service: Service,
+        cfg: BrokerConfig,
+        metrics: TransportMetrics,
+        clock: Callable[[], float],
+        persist: bool,
+        observe: Callable[[Observation], None] | None = None,
     ):
-        self.conn, self.channel, self.service, self.metrics, self.clock = conn, channel, service, metrics, clock
-        self.max_bytes = max_bytes
-        self.expected = service.subscriptions()
-        # Unacked deliveries by tag, kept raw so that a held one can still be dead-lettered byte for byte.
-        self.held: dict[int, tuple] = {}
+        self.service, self.cfg, self.metrics, self.clock = service, cfg, metrics, clock
+        self.observe = observe
+        self.codec = getattr(service, "codec", None)
+        self.store = BrokerStore(service.name) if persist and self.codec is not None else None
+        self.state: Any = service.initial()
+        self.seq = 0
 
-    def apply(self, effects: Effects) -> None:
-        publish_all(self.channel, effects.publish, self.metrics, self.max_bytes)
+    def restore(self, channel) -> None:
+        """Take the state from the latest checkpoint and publish its outbox again (a crash may have cut it off)."""
+        if self.store is None:
+            return  # not durable: the in-memory state survives a reconnect, not a restart
+        started = time.perf_counter()
+        saved = self.store.load(channel)
+        if saved is None:
+            self.state, self.seq = self.service.initial(), 0
+            log.info("%s: no checkpoint yet, starting fresh", self.service.name)
+            return
+        self.state, self.seq = self.codec.decode(saved.state), saved.seq
+        publish_sent(channel, saved.outbox, self.metrics)
+        self.metrics.restore_seconds.observe(time.perf_counter() - started)
+        log.info("%s: restored checkpoint %d (%d outputs re-sent)", self.service.name, saved.seq, len(saved.outbox))
+
+    def save(self, channel, state: Any, sent: tuple[Sent, ...]) -> None:
+        """Write the new state and its outbox ahead of publishing and acking (durable services only)."""
+        if self.store is None or state is self.state:
+            return
+        started = time.perf_counter()
+        c = Checkpoint(self.service.name, self.seq + 1, self.clock(), self.codec.encode(state), sent)
+        self.store.save(channel, c)
+        self.seq = c.seq
+        self.metrics.state_saves.inc()
+        self.metrics.state_save_seconds.observe(time.perf_counter() - started)
+
+
+class _Session:
+    """One connection's worth of running a service: its unacked deliveries and timers belong to the connection."""
+
+    def __init__(self, conn, channel, runner: Runner):
+        self.conn, self.channel, self.runner = conn, channel, runner
+        self.service, self.metrics, self.cfg = runner.service, runner.metrics, runner.cfg
+        self.subscriptions = self.service.subscriptions()
+        self.unacked: dict[int, tuple] = {}  # raw deliveries by tag, so a held one can be dead-lettered byte for byte
+        self.held: dict[int, Held] = {}  # what handlers see of the deliveries they hold
+
+    def commit(self, state: Any, effects: Effects, inbound: Inbound | None = None) -> None:
+        """Carry out a transition: encode, save, publish, dead-letter, ack, hold, arm timers."""
+        sent = encode_all(effects.publish, self.cfg)
+        self.runner.save(self.channel, state, sent)
+        self.runner.state = state
+        publish_sent(self.channel, sent, self.metrics)
         for tag, reason in effects.dead_letter:
-            if tag in self.held:
-                self.dead_letter(*self.held.pop(tag), reason)
+            if tag in self.unacked:
+                self.dead_letter(*self.unacked[tag], reason)
         for tag in effects.ack:
-            if self.held.pop(tag, None) is not None:
+            if self.unacked.pop(tag, None) is not None:
+                self.held.pop(tag, None)
                 self.channel.basic_ack(delivery_tag=tag)
+        notes = dict(effects.hold)
+        if inbound is not None and inbound.tag in self.unacked:
+            self.held[inbound.tag] = Held(inbound, notes.pop(inbound.tag, None))
+        for tag, note in notes.items():
+            if tag in self.held:
+                self.held[tag] = Held(self.held[tag].inbound, note)
         for delay, key in effects.timers:
             self.conn.call_later(max(0.0, delay), lambda key=key: self.on_timer(key))
+        if self.runner.observe is not None:
+            for o in effects.observe:
+                self.runner.observe(o)
 
     def dead_letter(self, queue: str, method, props, body: bytes, reason: str) -> None:
+        """Republish a delivery unchanged to the dead-letter exchange with the reason, then ack it."""
         log.warning("dead-lettering a message from %s: %s", queue, reason)
         headers = dict(props.headers or {})
         headers.update({topology.HEADER_REASON: reason[:1000], topology.HEADER_SOURCE_QUEUE: queue})
@@ -138,20 +241,29 @@ class _Session:
             mandatory=True,
         )
         self.channel.basic_ack(delivery_tag=method.delivery_tag)
+        self.unacked.pop(method.delivery_tag, None)
         self.held.pop(method.delivery_tag, None)
         self.metrics.dead_lettered.labels(queue).inc()
 
+    def decode(self, queue: str, props, body: bytes) -> wire.Message:
+        """Decode, validate and (with a keyring) verify the signature; raises WireError or SignatureError."""
+        msg = wire.decode(body, expect=self.subscriptions[queue].expects, max_bytes=self.cfg.max_message_bytes)
+        signing.check(self.cfg.keyring, msg, body, props.headers)  # the signer depends on the body (its client)
+        return msg
+
     def on_message(self, channel, method, props, body: bytes) -> None:
         queue = self.queue_of[method.consumer_tag]
-        self.held[method.delivery_tag] = (queue, method, props, body)
+        self.unacked[method.delivery_tag] = (queue, method, props, body)
         started = time.perf_counter()
         try:
-            msg = wire.decode(body, expect=self.expected[queue], max_bytes=self.max_bytes)
-            inbound = Inbound(queue, msg, method.delivery_tag, bool(method.redelivered), len(body))
-            # Publishing comes before any ack, so an output that cannot be sent (e.g. oversize) rejects the input.
-            self.apply(self.service.handle(inbound, self.clock()))
-        except (wire.WireError, Reject) as exc:
-            if method.delivery_tag in self.held:
+            now = self.runner.clock()
+            inbound = Inbound(queue, self.decode(queue, props, body), method.delivery_tag, bool(method.redelivered),
+                              len(body), now)
+            handler = self.subscriptions[queue].handler
+            state, effects = handler(self.runner.state, inbound, now, dict(self.held))
+            self.commit(state, effects, inbound)
+        except (wire.WireError, Reject) as exc:  # malformed, forged (SignatureError is a WireError) or refused
+            if method.delivery_tag in self.unacked:
                 self.dead_letter(queue, method, props, body, getattr(exc, "reason", str(exc)))
             self.metrics.consumed.labels(queue, "dead-lettered").inc()
             return
@@ -160,7 +272,7 @@ class _Session:
         except Exception:
             # A bug or a transient fault: requeue; the quorum delivery limit dead-letters a message that keeps failing.
             log.exception("%s failed on a message from %s; requeueing it", self.service.name, queue)
-            self.held.pop(method.delivery_tag, None)
+            self.unacked.pop(method.delivery_tag, None)
             channel.basic_nack(delivery_tag=method.delivery_tag, requeue=True)
             self.metrics.consumed.labels(queue, "error").inc()
             return
@@ -169,20 +281,25 @@ class _Session:
 
     def on_timer(self, key: str) -> None:
         try:
-            self.apply(self.service.on_timer(key, self.clock()))
+            now = self.runner.clock()
+            state, effects = self.service.on_timer(self.runner.state, key, now, dict(self.held))
+            self.commit(state, effects)
         except RECOVERABLE:
             raise
         except Exception:
             # A timer has no message to requeue: log it and keep serving (the service re-arms what it needs).
             log.exception("%s failed on timer %s", self.service.name, key)
-            self.metrics.consumed.labels(f"timer:{key.split(':')[0]}", "error").inc()
+            self.metrics.consumed.labels(f"timer:{ids.timer_kind(key)}", "error").inc()
 
     def start(self) -> None:
+        """Restore, consume every subscribed queue, then let the service re-arm its timers."""
+        self.runner.restore(self.channel)
         self.queue_of = {}
-        for queue in self.expected:
+        for queue in self.subscriptions:
             tag = self.channel.basic_consume(queue=queue, on_message_callback=self.on_message)
             self.queue_of[tag] = queue
-        self.apply(self.service.on_start(self.clock()))
+        state, effects = self.service.on_start(self.runner.state, self.runner.clock())
+        self.commit(state, effects)
 
 
 def run_service(
@@ -191,8 +308,16 @@ def run_service(
     metrics: TransportMetrics,
     stop: threading.Event,
     clock: Callable[[], float] = time.time,
+    persist: bool = True,
+    observe: Callable[[Observation], None] | None = None,
 ) -> None:
-    """Run `service` until `stop` is set, rebuilding the connection on any loss with capped exponential backoff."""
+    """Run `service` until `stop` is set, rebuilding the connection on any loss with capped exponential backoff.
+
+    With `persist` (and a service that has a state codec), every state change is checkpointed in the broker and
+    every (re)connect restores the latest checkpoint, so a killed process resumes where it stopped. `observe`
+    receives the transitions' observations (the process's metrics).
+    """
+    runner = Runner(service, cfg, metrics, clock, persist, observe)
     backoff = 0.5
     while not stop.is_set():
         conn = None
@@ -200,10 +325,10 @@ def run_service(
             conn = connect(cfg)
             channel = conn.channel()
             channel.confirm_delivery()
-            topology.declare(channel, cfg.num_tiers)
+            if cfg.declare:
+                topology.declare(channel, cfg.num_tiers)
             channel.basic_qos(prefetch_count=cfg.prefetch)
-            session = _Session(conn, channel, service, metrics, clock, cfg.max_message_bytes)
-            session.start()
+            _Session(conn, channel, runner).start()
             metrics.connected.set(1)
             log.info("%s connected to the broker", service.name)
             backoff = 0.5

@@ -19,6 +19,9 @@ class TransportMetrics:
     handle_seconds: Histogram
     reconnects: Counter
     connected: Gauge
+    state_saves: Counter
+    state_save_seconds: Histogram
+    restore_seconds: Histogram
 
 
 def transport_metrics(registry: CollectorRegistry, service: str) -> TransportMetrics:
@@ -52,6 +55,19 @@ def transport_metrics(registry: CollectorRegistry, service: str) -> TransportMet
         ),
         reconnects=Counter("fedat_broker_reconnects_total", "Broker connection losses", registry=registry),
         connected=Gauge("fedat_broker_connected", f"1 while {service} holds a broker connection", registry=registry),
+        state_saves=Counter("fedat_state_saves_total", "Checkpoints saved (write-ahead of outputs)", registry=registry),
+        state_save_seconds=Histogram(
+            "fedat_state_save_seconds",
+            "Time to save one checkpoint, confirmed",
+            registry=registry,
+            buckets=(0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1, 3),
+        ),
+        restore_seconds=Histogram(
+            "fedat_state_restore_seconds",
+            "Time to load the latest checkpoint and re-send its outbox",
+            registry=registry,
+            buckets=(0.01, 0.03, 0.1, 0.3, 1, 3, 10),
+        ),
     )
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import IO
 
 from fedat import topology
-from fedat.service import Effects, Inbound, Reactive, done
+from fedat.service import Effects, Inbound, Reactive, Subscription, done
 from fedat.wire import Evaluation, GlobalModel
 
 
@@ -36,12 +36,22 @@ class Recorder(Reactive):
     def __init__(self, state: RunState, out: IO[str]):
         self.state, self.out = state, out
 
-    def subscriptions(self) -> dict[str, type]:
-        """Global models and evaluation events."""
-        return {topology.RECORDER_GLOBAL: GlobalModel, topology.RECORDER_EVENTS: Evaluation}
+    def initial(self) -> None:
+        """Its memory is the run's `RunState` (shared with the progress display) and the file it writes."""
+        return None
 
-    def handle(self, inbound: Inbound, now: float) -> Effects:
+    def subscriptions(self) -> dict[str, Subscription]:
+        """Global models and evaluation events."""
+        return {
+            topology.RECORDER_GLOBAL: Subscription(GlobalModel, self.on_message),
+            topology.RECORDER_EVENTS: Subscription(Evaluation, self.on_message),
+        }
+
+    def on_message(self, state: None, inbound: Inbound, now: float, held) -> tuple[None, Effects]:
         """Append one line."""
+        return state, self._record(inbound)
+
+    def _record(self, inbound: Inbound) -> Effects:
         msg = inbound.message
         s = self.state
         with s.lock:

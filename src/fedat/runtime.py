@@ -6,12 +6,13 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
 
 from fedat.bus import BrokerConfig, run_service
 from fedat.metrics import TransportMetrics, serve
-from fedat.service import Service
+from fedat.service import Observation, Service
 
 
 def setup_logging(service: str) -> None:
@@ -32,8 +33,13 @@ def stop_on_signals() -> threading.Event:
 
 
 def serve_forever(
-    service: Service, broker: BrokerConfig, registry: CollectorRegistry, transport: TransportMetrics, metrics_port: int
+    service: Service,
+    broker: BrokerConfig,
+    registry: CollectorRegistry,
+    transport: TransportMetrics,
+    metrics_port: int,
+    observe: Callable[[Observation], None] | None = None,
 ) -> None:
-    """Expose metrics, then run the service against the broker until signalled."""
+    """Expose metrics, then run the service against the broker until signalled (restoring its saved state)."""
     serve(registry, metrics_port)
-    run_service(service, broker, transport, stop_on_signals())
+    run_service(service, broker, transport, stop_on_signals(), observe=observe)

@@ -1,15 +1,20 @@
-"""What a service is, seen from the transport: it consumes messages and timer ticks, and returns effects.
+"""What a service is, seen from the transport: a state value and pure transitions that return effects.
 
-Services are plain objects with no broker code; `fedat.bus` runs them against RabbitMQ and the tests can run
-them against lists. Held deliveries (acked later, e.g. the barrier's round) are referred to by delivery tag.
+A service never talks to the broker. For each kind of input it names a handler
+`(state, input, now, held) -> (state', effects)`; the transport (`fedat.bus`, or a test's list) delivers the input,
+persists `state'` when it changed, then carries out the effects. Deliveries a service holds unacked (the barrier's
+round updates) are connection-scoped: the transport keeps them, and hands them to every handler as `held`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from fedat.wire import Message
+
+S = TypeVar("S")
 
 
 class Reject(Exception):
@@ -31,27 +36,48 @@ class Outgoing:
 
 @dataclass(frozen=True)
 class Inbound:
-    """A decoded delivery."""
+    """A decoded delivery; `tag` identifies it on its connection only, so it never enters a service's state."""
 
     queue: str
     message: Message
     tag: int
     redelivered: bool
     size: int
+    received: float = 0.0  # the service's clock when the delivery came in
+
+
+@dataclass(frozen=True)
+class Held:
+    """A delivery held unacked, with what the service noted about it (e.g. decoded weights): connection-scoped."""
+
+    inbound: Inbound
+    note: Any = None
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Something a transition wants counted (`name` is the service's own vocabulary), per tier where it has one."""
+
+    name: str
+    tier: int = 0
+    value: float = 1.0
 
 
 @dataclass(frozen=True)
 class Effects:
-    """What a handler wants done, in order: publish (confirmed), dead-letter, ack, then arm timers.
+    """What a transition wants done, in order: publish (confirmed), dead-letter, ack, hold, arm timers, observe.
 
-    Acks are explicit delivery tags: a handler that returns without the current tag holds that delivery
-    (unacked, so the broker keeps it) until a later effect acks or dead-letters it.
+    Acks and dead letters name delivery tags. A handler that neither acks nor dead-letters the delivery it handles
+    holds it (unacked, so the broker keeps it); `hold` attaches a note to it for later handlers. Observations go to
+    the process's metrics once the rest is done: pure transitions never touch a metric themselves.
     """
 
     publish: tuple[Outgoing, ...] = ()
     ack: tuple[int, ...] = ()
     timers: tuple[tuple[float, str], ...] = ()
     dead_letter: tuple[tuple[int, str], ...] = ()
+    hold: tuple[tuple[int, Any], ...] = ()
+    observe: tuple[Observation, ...] = ()
 
     def __add__(self, other: Effects) -> Effects:
         """Both effects, this one's first."""
@@ -60,7 +86,12 @@ class Effects:
             self.ack + other.ack,
             self.timers + other.timers,
             self.dead_letter + other.dead_letter,
+            self.hold + other.hold,
+            self.observe + other.observe,
         )
+
+
+NOTHING = Effects()
 
 
 def done(inbound: Inbound, *publish: Outgoing) -> Effects:
@@ -68,38 +99,46 @@ def done(inbound: Inbound, *publish: Outgoing) -> Effects:
     return Effects(publish=publish, ack=(inbound.tag,))
 
 
-NOTHING = Effects()
+Handler = Callable[[S, Inbound, float, Mapping[int, Held]], tuple[S, Effects]]
 
 
-class Service(Protocol):
-    """A message-driven service: one verb per kind of input."""
+@dataclass(frozen=True)
+class Subscription(Generic[S]):
+    """A queue's expected message class and the handler of its deliveries."""
+
+    expects: type
+    handler: Handler
+
+
+class Service(Protocol[S]):
+    """A message-driven service: a state value, one handler per kind of input, timers, and its state's codec."""
 
     name: str
 
-    def subscriptions(self) -> dict[str, type]:
-        """Queue name -> the message class expected on it."""
+    def initial(self) -> S:
+        """The state of a service that has never run."""
         ...
 
-    def on_start(self, now: float) -> Effects:
-        """Called after every (re)connect: forget held deliveries (the broker redelivers them), re-arm timers."""
+    def subscriptions(self) -> Mapping[str, Subscription[S]]:
+        """Queue name -> what comes on it and which handler takes it."""
         ...
 
-    def handle(self, inbound: Inbound, now: float) -> Effects:
-        """Process one decoded message."""
+    def on_start(self, state: S, now: float) -> tuple[S, Effects]:
+        """Called after every (re)connect, with nothing held: re-arm timers from the state."""
         ...
 
-    def on_timer(self, key: str, now: float) -> Effects:
+    def on_timer(self, state: S, key: str, now: float, held: Mapping[int, Held]) -> tuple[S, Effects]:
         """A timer armed through Effects.timers fired."""
         ...
 
 
-class Reactive:
+class Reactive(Generic[S]):
     """For services that only react to messages: nothing to re-arm after a reconnect, no timers."""
 
-    def on_start(self, now: float) -> Effects:
+    def on_start(self, state: S, now: float) -> tuple[S, Effects]:
         """Nothing held, nothing to re-arm."""
-        return NOTHING
+        return state, NOTHING
 
-    def on_timer(self, key: str, now: float) -> Effects:
+    def on_timer(self, state: S, key: str, now: float, held: Mapping[int, Held]) -> tuple[S, Effects]:
         """No timers."""
-        return NOTHING
+        return state, NOTHING

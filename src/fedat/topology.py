@@ -16,7 +16,7 @@ GLOBAL = "fedat.global"  # fanout
 CONTROL = "fedat.control"  # fanout: tier assignments
 EVENTS = "fedat.events"  # topic: routing key "evaluation" or "round-report"
 DLX = "fedat.dlx"  # fanout: dead letters
-STATE = "fedat.state"  # topic: routing key = the stateful service's name; its journal of snapshots
+STATE = "fedat.state"  # topic: routing key = the stateful service's name; carries its checkpoints
 
 # Services whose state must survive a restart; each keeps it in its own queue `fedat.state.<service>`.
 STATEFUL = ("barrier", "aggregator", "profiler")
@@ -99,7 +99,18 @@ EXCHANGES: dict[str, str] = {
     CONTROL: "fanout",
     EVENTS: "topic",
     DLX: "fanout",
+    STATE: "topic",
 }
+
+
+def _state_queue(service: str) -> Queue:
+    # One message: the latest checkpoint; a new one drops the old. No dead-letter exchange, or every save would
+    # dead-letter the checkpoint it replaces.
+    return Queue(
+        state_queue(service),
+        ((STATE, service),),
+        {"x-queue-type": "quorum", "x-max-length": 1, "x-overflow": "drop-head"},
+    )
 
 
 def queues(num_tiers: int) -> tuple[Queue, ...]:
@@ -124,6 +135,7 @@ def queues(num_tiers: int) -> tuple[Queue, ...]:
         _work_queue(RECORDER_EVENTS, (EVENTS, EVALUATION_KEY)),
         # Bounded so that a long run's stale stragglers cannot fill the disk; the oldest go first.
         Queue(DEAD_LETTERS, ((DLX, ""),), {"x-queue-type": "quorum", "x-max-length": DEAD_LETTER_MAX_LENGTH}),
+        *(_state_queue(s) for s in STATEFUL),
     )
 
 

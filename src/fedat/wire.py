@@ -16,7 +16,7 @@ import numpy as np
 
 from fedat.codec import CODECS, MAX_PRECISION, MIN_PRECISION, CodecError
 
-SCHEMA_VERSION = 2  # 2: global-model `merged`, evaluation `accuracies`
+SCHEMA_VERSION = 3  # 2: global-model `merged`, evaluation `accuracies`; 3: signed updates, tier and global models
 # Half the broker's default 128 MiB frame limit: a message over the broker's limit closes the whole channel.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 MAX_LAYER_ELEMENTS = 50_000_000
@@ -233,6 +233,7 @@ KINDS: dict[str, type] = {
     cls.__dataclass_fields__["kind"].default: cls
     for cls in (TrainTask, Update, TierModel, GlobalModel, TierAssignment, RoundReport, Evaluation)
 }
+KINDS_TUPLE: tuple[type, ...] = tuple(KINDS.values())
 
 
 def _layer_to_map(layer: Layer) -> dict[str, Any]:

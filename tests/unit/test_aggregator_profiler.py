@@ -9,14 +9,32 @@ from fedat import topology
 from fedat.service import Inbound, Reject
 from fedat.tiering import tier_of
 from fedat.wire import GlobalModel, RoundReport, TierModel, TrainTask, Update, decode_model, encode_model, seed_model
-from fedat_aggregator import aggregator as aggregator_module
 from fedat_aggregator.aggregator import Aggregator, AggregatorConfig
 from fedat_aggregator.strategy import STRATEGIES, FedBuff
 from fedat_profiler.profiler import Profiler, ProfilerConfig
 
+from ..driver import Driver
+
 
 def inbound(msg, tag=1, queue="q"):
     return Inbound(queue, msg, tag, False, 0)
+
+
+class Run(Driver):
+    """The service under a driver, fed the old way: by message (its queue is the one expecting that kind)."""
+
+    def handle(self, ib: Inbound, now: float):
+        queue = next(q for q, s in self.service.subscriptions().items() if s.expects is type(ib.message))
+        return self.deliver(queue, ib.message, now)
+
+    def on_start(self, now: float):
+        return self.start(now)
+
+    def on_timer(self, key: str, now: float):
+        return self.timer(key, now)
+
+    def __getattr__(self, name: str):
+        return getattr(self.state, name)
 
 
 def tier_model(tier: int, rnd: int, value: float, shape=(2,), base_version=0, clients=(1, 2)) -> TierModel:
@@ -36,7 +54,7 @@ def tier_model(tier: int, rnd: int, value: float, shape=(2,), base_version=0, cl
 
 
 def aggregator(tiers=3, strategy=STRATEGIES["fedat"]) -> Aggregator:
-    return Aggregator(AggregatorConfig(num_tiers=tiers, codec="raw"), strategy)
+    return Run(Aggregator(AggregatorConfig(num_tiers=tiers, codec="raw"), strategy))
 
 
 def test_each_tier_model_yields_a_global_model_with_fedat_weights():
@@ -61,7 +79,7 @@ def test_a_redelivered_tier_model_is_merged_once():
     a.handle(inbound(tier_model(2, 1, 1.0)), 0.0)
     fx = a.handle(inbound(tier_model(2, 1, 1.0), tag=2), 0.0)
     assert fx.publish == () and fx.ack == (2,)
-    assert a.counts == [0, 1, 0]
+    assert a.counts == (0, 1, 0)
 
 
 def test_foreign_and_misshapen_tier_models_are_rejected_out_of_order_rounds_are_not():
@@ -108,16 +126,16 @@ def seeded(strategy, tiers=2, value=1.0) -> Aggregator:
 def test_fedbuff_publishes_one_global_model_per_buffer_of_arrivals():
     a = seeded(FedBuff(buffer_size=2, server_lr=1.0))  # w0 = [1, 1]
     first = a.handle(inbound(tier_model(1, 1, 3.0), tag=1), 0.0)
-    assert first.publish == () and first.ack == (1,)
-    assert a.version == 0 and a.counts == [1, 0] and a.pending == [(1, 1)]
-    assert a.handle(inbound(tier_model(1, 1, 3.0), tag=2), 0.0).ack == (2,)  # redelivered: absorbed once
+    assert first.publish == () and first.ack == (a.tag,)
+    assert a.version == 0 and a.counts == (1, 0) and a.pending == ((1, 1),)
+    assert a.handle(inbound(tier_model(1, 1, 3.0), tag=2), 0.0).ack == (a.tag,)  # redelivered: absorbed once
     (out,) = a.handle(inbound(tier_model(2, 1, 5.0), tag=3), 0.0).publish
     g1 = out.message
     # both fresh (s = 1): Δ = [2, 2] and [4, 4]; w1 = [1, 1] + ([2, 2] + [4, 4]) / 2 = [4, 4]
     assert g1.version == 1 and g1.merged == ((1, 1), (2, 1)) and (g1.tier, g1.tier_round) == (2, 1)
     assert g1.tier_counts == (1, 1) and g1.bytes_up == 200 and g1.updates == 4
     np.testing.assert_allclose(decode_model(g1.layers)[0], [4.0, 4.0])
-    assert a.pending == [] and a.strategy_state is None
+    assert a.pending == () and a.strategy_state is None
 
 
 def test_fedbuff_takes_each_arrivals_delta_from_the_version_it_was_trained_from():
@@ -134,9 +152,8 @@ def test_fedbuff_takes_each_arrivals_delta_from_the_version_it_was_trained_from(
     np.testing.assert_allclose(g2.tier_weights, [0.0, 2**-0.5])
 
 
-def test_fedbuff_arrival_whose_base_left_the_history_counts_but_adds_nothing(monkeypatch):
-    monkeypatch.setattr(aggregator_module, "HISTORY", 1)
-    a = seeded(FedBuff(buffer_size=1, server_lr=1.0, staleness="constant"))
+def test_fedbuff_arrival_whose_base_left_the_history_counts_but_adds_nothing():
+    a = seeded(FedBuff(buffer_size=1, server_lr=1.0, staleness="constant", history=1))
     (out,) = a.handle(inbound(tier_model(1, 1, 3.0)), 0.0).publish  # w1 = [3, 3]; w0 leaves the history
     assert list(a.history) == [1]
     (out,) = a.handle(inbound(tier_model(1, 2, 9.0, base_version=0)), 0.0).publish
@@ -177,7 +194,7 @@ def answer(task: TrainTask, latency: float, tier=0, rnd=0) -> Update:
 
 
 def test_profiling_is_rate_limited_and_ends_in_an_assignment():
-    p = Profiler(ProfilerConfig(num_clients=4, num_tiers=2, concurrency=2, retier_every=100))
+    p = Run(Profiler(ProfilerConfig(num_clients=4, num_tiers=2, concurrency=2, retier_every=100)))
     fx = p.on_start(0.0)
     first = [o.message for o in fx.publish]
     assert [t.client for t in first] == [0, 1] and all(o.routing_key == topology.PROFILE_KEY for o in fx.publish)
@@ -194,7 +211,7 @@ def test_profiling_is_rate_limited_and_ends_in_an_assignment():
 
 
 def test_profiling_deadline_assigns_the_clients_that_answered():
-    p = Profiler(ProfilerConfig(num_clients=5, num_tiers=2, concurrency=5))
+    p = Run(Profiler(ProfilerConfig(num_clients=5, num_tiers=2, concurrency=5)))
     tasks = [o.message for o in p.on_start(0.0).publish]
     for t in tasks[:3]:
         p.handle(inbound(answer(t, float(t.client + 1))), 0.0)
@@ -210,8 +227,10 @@ def report(rnd: int, latencies: dict[int, float], missing=(), waited=0.0) -> Rou
 
 
 def test_a_client_that_slows_down_is_moved_to_a_slower_tier():
-    p = Profiler(
-        ProfilerConfig(num_clients=4, num_tiers=2, concurrency=4, retier_every=2, drift_fraction=0.2, ewma_alpha=1.0)
+    p = Run(
+        Profiler(
+            ProfilerConfig(num_clients=4, num_tiers=2, concurrency=4, retier_every=2, drift_fraction=0.2, ewma_alpha=1.0)
+        )
     )
     tasks = [o.message for o in p.on_start(0.0).publish]
     for t in tasks:
@@ -223,7 +242,7 @@ def test_a_client_that_slows_down_is_moved_to_a_slower_tier():
 
 
 def test_a_missing_client_keeps_its_latency_until_its_late_answer_reports_the_real_one():
-    p = Profiler(ProfilerConfig(num_clients=4, num_tiers=2, concurrency=4, retier_every=1, ewma_alpha=1.0))
+    p = Run(Profiler(ProfilerConfig(num_clients=4, num_tiers=2, concurrency=4, retier_every=1, ewma_alpha=1.0)))
     tasks = [o.message for o in p.on_start(0.0).publish]
     for t in tasks:
         p.handle(inbound(answer(t, [1.0, 2.0, 8.0, 9.0][t.client])), 0.0)
@@ -235,14 +254,14 @@ def test_a_missing_client_keeps_its_latency_until_its_late_answer_reports_the_re
 
 
 def test_the_profiler_rejects_round_updates():
-    p = Profiler(ProfilerConfig(num_clients=2, num_tiers=1))
+    p = Run(Profiler(ProfilerConfig(num_clients=2, num_tiers=1)))
     (task, _) = [o.message for o in p.on_start(0.0).publish]
     with pytest.raises(Reject, match="only takes profiling answers"):
         p.handle(inbound(answer(task, 1.0, tier=1, rnd=1)), 0.0)
 
 
 def test_a_client_that_misses_too_many_rounds_is_dropped_from_the_tiers():
-    p = Profiler(ProfilerConfig(num_clients=5, num_tiers=2, concurrency=5, retier_every=1000, max_misses=2))
+    p = Run(Profiler(ProfilerConfig(num_clients=5, num_tiers=2, concurrency=5, retier_every=1000, max_misses=2)))
     tasks = [o.message for o in p.on_start(0.0).publish]
     for t in tasks:
         p.handle(inbound(answer(t, float(t.client + 1))), 0.0)

@@ -1,19 +1,25 @@
-"""The global aggregator: merges every tier-model event, as it arrives, into a new global model (or buffers it)."""
+"""The global aggregator: merges every tier-model event, as it arrives, into a new global model (or buffers it).
+
+Its whole memory is one `AggregatorState` value (models, counts, versions, the strategy's state), which the
+transport saves before each new version leaves: a restarted aggregator continues the same version sequence.
+"""
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
-from fedat import topology
+from fedat import ids, topology
 from fedat.aggregate import Weights
-from fedat.service import Effects, Inbound, Outgoing, Reactive, Reject, done
+from fedat.service import Effects, Inbound, Observation, Outgoing, Reactive, Reject, Subscription, done
+from fedat.statecodec import StateCodec
 from fedat.wire import GlobalModel, TierModel, decode_model, encode_model
-from fedat_aggregator.strategy import CrossTier, Strategy
+from fedat_aggregator.strategy import STATE_TYPES, CrossTier, Strategy
 
-# Global versions kept to find an arrival's base model (FedBuff's delta); an arrival trained from an older one
-# counts as unknown-base. Concurrent rounds are rarely more than a few dozen versions behind.
-HISTORY = 64
+# Rounds of one tier remembered individually above the all-merged watermark; beyond that the oldest gap is given up.
+MERGED_MEMORY = 1024
+
+MERGES, DUPLICATES, WEIGHT, VERSION = "merge", "duplicate", "weight", "version"  # observation names
 
 
 @dataclass(frozen=True)
@@ -25,108 +31,174 @@ class AggregatorConfig:
     precision: int = 4
 
 
+@dataclass(frozen=True)
+class Merged:
+    """The rounds of one tier merged so far: every round below `below`, and those in `above`."""
+
+    below: int = 1
+    above: frozenset[int] = frozenset()
+
+    def __contains__(self, number: int) -> bool:
+        return number < self.below or number in self.above
+
+    def add(self, number: int) -> Merged:
+        """With `number` merged too (rounds may finish out of order; the watermark rises over every closed gap)."""
+        above, below = self.above | {number}, self.below
+        while below in above:
+            above, below = above - {below}, below + 1
+        if len(above) > MERGED_MEMORY:  # a round that never came: stop waiting for it
+            below = sorted(above)[len(above) - MERGED_MEMORY]
+            above = frozenset(r for r in above if r >= below)
+        return Merged(below, frozenset(above))
+
+
+@dataclass(frozen=True)
+class Totals:
+    """Running totals over every merged tier model (published with each global version)."""
+
+    bytes_up: int = 0
+    bytes_down: int = 0
+    late: int = 0
+    updates: int = 0
+
+
+@dataclass(frozen=True)
+class AggregatorState:
+    """Everything the aggregator must not forget."""
+
+    tier_models: tuple[Weights | None, ...]  # each tier's latest model (index 0 = fastest)
+    counts: tuple[int, ...]  # T_m: tier models merged per tier
+    rounds: tuple[int, ...]  # highest merged round per tier
+    merged: tuple[Merged, ...]  # which rounds of each tier are merged (a copy is never merged twice)
+    version: int = 0
+    names: tuple[str, ...] = ()  # layer names, from the seed model
+    global_model: Weights | None = None  # the current version's; None until the seed or the first arrival
+    history: Mapping[int, Weights] = field(default_factory=dict)  # recent versions, for strategies that need bases
+    strategy_state: object = None  # the strategy's, from its last merge
+    pending: tuple[tuple[int, int], ...] = ()  # (tier, round) absorbed since the last published version
+    totals: Totals = Totals()
+
+
 class Aggregator(Reactive):
-    """Asynchronous cross-tier merge; idempotent on tier-model ids."""
+    """Asynchronous cross-tier merge; a tier round is merged at most once."""
 
     name = "aggregator"
+    codec = StateCodec(1, (AggregatorState, Merged, Totals, *STATE_TYPES))
 
-    def __init__(self, cfg: AggregatorConfig, strategy: Strategy, clock_metrics=None):
-        self.cfg, self.strategy, self.metrics = cfg, strategy, clock_metrics
-        m = cfg.num_tiers
-        self.version = 0
-        self.names: list[str] | None = None
-        self.tier_models: list[Weights | None] = [None] * m
-        self.global_model: Weights | None = None  # the current version's
-        self.history: OrderedDict[int, Weights] = OrderedDict()  # recent versions, oldest first
-        self.strategy_state: object = None  # the strategy's, from its last merge
-        self.pending: list[tuple[int, int]] = []  # (tier, round) absorbed since the last published version
-        self.counts = [0] * m
-        self.rounds = [0] * m
-        self.seen: set[str] = set()
-        self.totals = {"bytes_up": 0, "bytes_down": 0, "late": 0, "updates": 0}
+    def __init__(self, cfg: AggregatorConfig, strategy: Strategy):
+        self.cfg, self.strategy = cfg, strategy
 
-    def subscriptions(self) -> dict[str, type]:
+    def initial(self) -> AggregatorState:
+        """No model, no count."""
+        m = self.cfg.num_tiers
+        return AggregatorState((None,) * m, (0,) * m, (0,) * m, (Merged(),) * m)
+
+    def subscriptions(self) -> dict[str, Subscription]:
         """Tier models to merge; global models to adopt the seed (version 0)."""
-        return {topology.AGGREGATOR_TIER_MODELS: TierModel, topology.AGGREGATOR_GLOBAL: GlobalModel}
+        return {
+            topology.AGGREGATOR_TIER_MODELS: Subscription(TierModel, self.on_tier_model),
+            topology.AGGREGATOR_GLOBAL: Subscription(GlobalModel, self.on_global),
+        }
 
-    def handle(self, inbound: Inbound, now: float) -> Effects:
-        """Adopt the seed model, or merge a tier model."""
-        msg = inbound.message
-        if isinstance(msg, GlobalModel):
-            if msg.version == 0 and self.names is None:
-                self.names = [layer.name for layer in msg.layers]
-                self.global_model = decode_model(msg.layers)
-                self._remember(0, self.global_model)
-            return done(inbound)  # our own outputs come back here too: nothing to do
-        return self._merge(inbound, msg, now)
+    def on_global(self, state: AggregatorState, inbound: Inbound, now: float, held) -> tuple[AggregatorState, Effects]:
+        """Adopt the seed model's layer names and weights; our own versions come back here too and are ignored."""
+        g: GlobalModel = inbound.message
+        if g.version != 0 or state.names:
+            return state, done(inbound)
+        model = decode_model(g.layers)
+        state = replace(
+            state,
+            names=tuple(layer.name for layer in g.layers),
+            global_model=model,
+            history=self._remember(state.history, 0, model),
+        )
+        return state, done(inbound)
 
-    def _merge(self, inbound: Inbound, tm: TierModel, now: float) -> Effects:
-        if tm.id in self.seen:
-            if self.metrics:
-                self.metrics.duplicates.inc()
-            return done(inbound)
+    def on_tier_model(
+        self, state: AggregatorState, inbound: Inbound, now: float, held
+    ) -> tuple[AggregatorState, Effects]:
+        """Merge a tier model (or absorb it, for buffering strategies) and publish the next version."""
+        tm: TierModel = inbound.message
         if not 1 <= tm.tier <= self.cfg.num_tiers:
             raise Reject(f"tier-model {tm.id}: tier {tm.tier} outside 1..{self.cfg.num_tiers}")
+        i = tm.tier - 1
+        if tm.round in state.merged[i]:
+            return state, done(inbound) + Effects(observe=(Observation(DUPLICATES, tm.tier),))
         model = decode_model(tm.layers)
-        reference = next((w for w in self.tier_models if w is not None), None)
+        reference = next((w for w in state.tier_models if w is not None), None)
         if reference is not None and [a.shape for a in model] != [a.shape for a in reference]:
             raise Reject(f"tier-model {tm.id}: layer shapes differ from the other tiers'")
-        i = tm.tier - 1
-        # Build the view from copies and commit only once the strategy has merged, so a failing merge changes nothing.
-        tier_models = list(self.tier_models)
-        tier_models[i] = model
-        counts = list(self.counts)
-        counts[i] += 1
-        pending = [*self.pending, (tm.tier, tm.round)]
+        tier_models = _set(state.tier_models, i, model)
+        counts = _set(state.counts, i, state.counts[i] + 1)
+        pending = (*state.pending, (tm.tier, tm.round))
         view = CrossTier(
-            self.global_model,
-            tuple(tier_models),
-            tuple(counts),
+            state.global_model,
+            tier_models,
+            counts,
             i,
-            self.version - tm.base_version,
-            base_model=self.history.get(tm.base_version),
+            state.version - tm.base_version,
+            base_model=state.history.get(tm.base_version),
             clients=tm.clients,
             n_samples=tm.n_samples,
-            state=self.strategy_state,
+            state=state.strategy_state,
             pending=len(pending),
         )
         result = self.strategy.merge_global(view)
-        self.tier_models, self.counts, self.strategy_state = tier_models, counts, result.state
-        self.rounds[i] = max(self.rounds[i], tm.round)  # concurrent rounds of one tier may finish out of order
-        self.seen.add(tm.id)
-        for key in ("bytes_up", "bytes_down", "late"):
-            self.totals[key] += getattr(tm, key)
-        self.totals["updates"] += len(tm.clients)
-        if self.metrics:
-            self.metrics.merges.labels(str(tm.tier)).inc()
-            for m, w in enumerate(result.tier_weights, start=1):
-                self.metrics.tier_weight.labels(str(m)).set(float(w))
+        t = state.totals
+        state = replace(
+            state,
+            tier_models=tier_models,
+            counts=counts,
+            # concurrent rounds of one tier may finish out of order
+            rounds=_set(state.rounds, i, max(state.rounds[i], tm.round)),
+            merged=_set(state.merged, i, state.merged[i].add(tm.round)),
+            strategy_state=result.state,
+            totals=Totals(
+                t.bytes_up + tm.bytes_up, t.bytes_down + tm.bytes_down, t.late + tm.late, t.updates + len(tm.clients)
+            ),
+        )
+        observed = (Observation(MERGES, tm.tier),) + tuple(
+            Observation(WEIGHT, m, float(w)) for m, w in enumerate(result.tier_weights, start=1)
+        )
         if result.model is None:  # absorbed (e.g. FedBuff's buffer): published with the next version
-            self.pending = pending
-            return done(inbound)
-        self.pending = []
-        self.global_model = result.model
-        self.version += 1
-        self._remember(self.version, result.model)
-        names = self.names or [layer.name for layer in tm.layers]
+            return replace(state, pending=pending), done(inbound) + Effects(observe=observed)
+        version = state.version + 1
+        state = replace(
+            state,
+            version=version,
+            global_model=result.model,
+            history=self._remember(state.history, version, result.model),
+            pending=(),
+        )
         out = GlobalModel(
-            id=f"g{self.version}",
-            version=self.version,
+            id=ids.global_model(version),
+            version=version,
             tier=tm.tier,
             tier_round=tm.round,
-            merged=tuple(pending),
-            tier_rounds=tuple(self.rounds),
-            tier_counts=tuple(self.counts),
+            merged=pending,
+            tier_rounds=state.rounds,
+            tier_counts=state.counts,
             tier_weights=tuple(float(w) for w in result.tier_weights),
             created_at=now,
-            layers=encode_model(result.model, names, self.cfg.codec, self.cfg.precision),
-            **self.totals,
+            layers=encode_model(result.model, list(state.names or [layer.name for layer in tm.layers]), self.cfg.codec,
+                                self.cfg.precision),
+            bytes_up=state.totals.bytes_up,
+            bytes_down=state.totals.bytes_down,
+            late=state.totals.late,
+            updates=state.totals.updates,
         )
-        if self.metrics:
-            self.metrics.version.set(self.version)
-        return done(inbound, Outgoing(topology.GLOBAL, "", out))
+        observed += (Observation(VERSION, 0, version),)
+        return state, done(inbound, Outgoing(topology.GLOBAL, "", out)) + Effects(observe=observed)
 
-    def _remember(self, version: int, model: Weights) -> None:
-        self.history[version] = model
-        while len(self.history) > HISTORY:
-            self.history.popitem(last=False)
+    def _remember(self, history: Mapping[int, Weights], version: int, model: Weights) -> dict[int, Weights]:
+        """The versions a strategy may still need as an arrival's base (its `history`, newest kept)."""
+        keep = getattr(self.strategy, "history", 0)
+        if keep <= 0:
+            return {}
+        kept = {v: w for v, w in history.items() if v > version - keep}
+        kept[version] = model
+        return kept
+
+
+def _set(values: tuple, i: int, value) -> tuple:
+    return (*values[:i], value, *values[i + 1 :])

@@ -42,8 +42,8 @@ def main() -> None:
     setup_logging("aggregator")
     s = settings(os.environ)
     metrics = aggregator_metrics()
-    service = Aggregator(s.aggregator, STRATEGIES[s.strategy], metrics)
-    serve_forever(service, s.broker, metrics.transport.registry, metrics.transport, s.metrics_port)
+    service = Aggregator(s.aggregator, STRATEGIES[s.strategy])
+    serve_forever(service, s.broker, metrics.transport.registry, metrics.transport, s.metrics_port, metrics.observe)
 
 
 if __name__ == "__main__":

@@ -1,24 +1,28 @@
 """The tier barrier: runs each tier's synchronous rounds and emits one tier-model event per closed round.
 
-A round opens when the strategy schedules it (FedAT: when the tier's previous round has been merged into a new
-global model, or at the seed model; FedBuff: as soon as a round closes). The strategy picks clients of the tier;
-the barrier publishes their train tasks carrying the compressed global model, and holds every update unacked
-(the broker is the round's durable store) until the round closes — when every selected client has answered, or
-at the deadline with at least `min_clients`. Below that minimum the
-missing slots are re-issued to fresh clients of the tier. An update counts from max(received, not_before).
-An answer that comes after its round closed is acked and reported to the profiler with its real latency: it is
-a straggler, not a malformed message.
+A round's life is explicit (`Phase`): it is COLLECTING from when its tasks go out until it closes — when every
+selected client has answered, or at the deadline with at least `min_clients` answers (below that, the missing slots
+are re-issued to fresh clients of the tier); it is then CLOSED (its tier model is out) until a global model lists
+it as merged, and MERGED after that, remembered for a while only to recognise copies and late answers.
+
+The round's updates are held unacked while it collects (the broker is their durable store); they are deliveries,
+so the transport keeps them and hands them in as `held`. Everything else is the `BarrierState` value, saved by the
+transport before any task or tier model leaves, so a restarted barrier knows every round it ever opened. An update
+counts from max(received, not_before). An answer after its round closed is acked and reported to the profiler
+with its real latency: it is a straggler, not a malformed message.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from dataclasses import dataclass, field
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from fedat import topology
-from fedat.service import NOTHING, Effects, Inbound, Outgoing, Reject, done
+from fedat import ids, topology
+from fedat.service import NOTHING, Effects, Held, Inbound, Observation, Outgoing, Reject, Subscription, done
+from fedat.statecodec import StateCodec
 from fedat.wire import (
     Evaluation,
     GlobalModel,
@@ -34,7 +38,19 @@ from fedat.wire import (
 )
 from fedat_aggregator.strategy import Strategy, TierStats
 
-MERGED_MEMORY = 10_000
+# Merged rounds remembered per tier, to ack copies and late answers of them; older ones are "stale".
+MERGED_MEMORY = 64
+
+# Observation names (mapped to Prometheus by fedat_aggregator.metrics).
+OPENED, CLOSED_OBS, ROUND_SECONDS, MERGED_UPDATES, DUPLICATES, REISSUES, LATE = (
+    "opened",
+    "closed",
+    "round_seconds",
+    "merged_updates",
+    "duplicate",
+    "reissue",
+    "late",
+)
 
 
 @dataclass(frozen=True)
@@ -55,170 +71,348 @@ class BarrierConfig:
     precision: int = 4
     tier_codec: str = "raw"
     seed: int = 0
+    # After a (re)connect the broker redelivers held updates at once; a deadline that passed meanwhile waits this
+    # long for them instead of re-issuing the round to fresh clients.
+    redelivery_grace: float = 2.0
 
 
-@dataclass
-class _Arrival:
-    update: Update
-    weights: list[np.ndarray]
-    tag: int
-    effective: float
+class Phase(enum.Enum):
+    """Where a round is in its life."""
+
+    COLLECTING = "collecting"  # tasks are out; answers are held until it closes
+    CLOSED = "closed"  # its tier model is published; waiting for a global model that merges it
+    MERGED = "merged"  # a global model merged it; remembered only to recognise copies and late answers
 
 
-@dataclass
-class _Round:
+@dataclass(frozen=True)
+class Round:
+    """One tier round. `tasks` holds every client asked (re-issues add to it)."""
+
     tier: int
     number: int
     base_version: int
     opened_at: float
     deadline: float
-    tasks: dict[int, str]  # client -> task id
-    arrivals: dict[int, _Arrival] = field(default_factory=dict)
-    extra_tags: list[int] = field(default_factory=list)  # duplicates and late answers, acked at close
-    target: int = 0  # answers wanted: the number of clients first selected
+    tasks: Mapping[int, str]  # client -> task id
+    target: int  # answers wanted: the number of clients first selected
     bytes_down: int = 0
     reissues: int = 0
+    phase: Phase = Phase.COLLECTING
+    included: tuple[int, ...] = ()  # clients merged into its tier model
+    answered: tuple[int, ...] = ()  # clients whose answer came but counted only after the close
+
+    def awaited(self) -> tuple[int, ...]:
+        """Clients asked that have not answered (after the close: whose answer would be a late one)."""
+        return tuple(sorted(c for c in self.tasks if c not in self.included and c not in self.answered))
+
+
+@dataclass(frozen=True)
+class BarrierState:
+    """Everything the barrier must not forget; the deliveries it holds are the transport's."""
+
+    assignment: TierAssignment | None = None
+    model: GlobalModel | None = None
+    rounds: Mapping[tuple[int, int], Round] = field(default_factory=dict)
+    next_round: Mapping[int, int] = field(default_factory=dict)  # number of each tier's next round
+    closed: Mapping[int, int] = field(default_factory=dict)  # rounds of each tier closed so far
+    tier_loss: Mapping[int, float] = field(default_factory=dict)  # training loss of each tier's last closed round
+    tier_accuracy: Mapping[int, float] = field(default_factory=dict)  # mean test accuracy of each tier's clients
+
+
+@dataclass(frozen=True)
+class _Arrival:
+    update: Update
+    tag: int
+    effective: float
+    weights: list[np.ndarray]
+
+
+def _with(mapping: Mapping, key, value) -> dict:
+    return {**mapping, key: value}
 
 
 class Barrier:
     """Intra-tier synchronous rounds for a set of tiers."""
 
     name = "barrier"
+    codec = StateCodec(1, (BarrierState, Round, Phase))
 
-    def __init__(self, cfg: BarrierConfig, strategy: Strategy, metrics=None):
-        self.cfg, self.strategy, self.metrics = cfg, strategy, metrics
-        self.rng = np.random.default_rng([cfg.seed, 0xBA77])
-        self._reset()
+    def __init__(self, cfg: BarrierConfig, strategy: Strategy):
+        self.cfg, self.strategy = cfg, strategy
 
-    def _reset(self) -> None:
-        self.assignment: TierAssignment | None = None
-        self.model: GlobalModel | None = None
-        self.next_round: dict[int, int] = {}  # number of each tier's next round
-        self.closed: dict[int, int] = {}  # rounds of each tier this barrier closed
-        self.tier_loss: dict[int, float] = {}  # training loss of each tier's last closed round
-        self.tier_accuracy: dict[int, float] = {}  # mean test accuracy of each tier's clients, latest evaluation
-        # Open rounds, and closed ones whose tier model is not merged yet, by (tier, round); a strategy may run
-        # several rounds of one tier at once (e.g. FedAsync's concurrent single-client rounds).
-        self.rounds: dict[tuple[int, int], _Round] = {}
-        self.waiting: list[Inbound] = []  # updates seen before their round was opened
-        # Ids of recently merged or late-acked updates: a copy redelivered after its round closed is acked, not
-        # rejected, and counted nowhere.
-        self.handled: OrderedDict[str, None] = OrderedDict()
-        # Task ids of clients that had not answered when their round closed: their answer is a late one.
-        self.awaited: OrderedDict[str, None] = OrderedDict()
+    def initial(self) -> BarrierState:
+        """No assignment, no model, no round."""
+        return BarrierState()
 
-    def subscriptions(self) -> dict[str, type]:
-        """Updates of our tiers, global models, tier assignments."""
-        subs: dict[str, type] = {topology.barrier_queue(m): Update for m in self.cfg.tiers}
-        subs[topology.BARRIER_GLOBAL] = GlobalModel
-        subs[topology.BARRIER_ASSIGNMENTS] = TierAssignment
-        subs[topology.BARRIER_EVALUATIONS] = Evaluation
+    def subscriptions(self) -> dict[str, Subscription]:
+        """Updates of our tiers, global models, tier assignments, evaluations (TiFL)."""
+        subs: dict[str, Subscription] = {topology.barrier_queue(m): Subscription(Update, self.on_update) for m in self.cfg.tiers}
+        subs[topology.BARRIER_GLOBAL] = Subscription(GlobalModel, self.on_global)
+        subs[topology.BARRIER_ASSIGNMENTS] = Subscription(TierAssignment, self.on_assignment)
+        subs[topology.BARRIER_EVALUATIONS] = Subscription(Evaluation, self.on_evaluation)
         return subs
 
-    def on_start(self, now: float) -> Effects:
-        """After a reconnect: forget held deliveries (the broker redelivers them), keep rounds, re-arm deadlines.
+    def on_start(self, state: BarrierState, now: float) -> tuple[BarrierState, Effects]:
+        """After a (re)start: re-arm the deadlines of collecting rounds (their updates come back), schedule idle tiers."""
+        grace = self.cfg.redelivery_grace
+        timers = tuple(
+            (max(r.deadline - now, grace), ids.round_timer(ids.DEADLINE, r.tier, r.number))
+            for r in state.rounds.values()
+            if r.phase is Phase.COLLECTING
+        )
+        state, effects = self._schedule(state, now)
+        return state, Effects(timers=timers) + effects
 
-        The assignment and the global model are acked on receipt and kept in memory, since holding them unacked
-        for a whole run would trip the broker's consumer_timeout. Recovering them after a process restart is the
-        job of the fault-tolerance work, not of reconnects.
-        """
-        self.waiting = []
-        timers = []
-        for rnd in self.rounds.values():
-            if rnd.tasks is not None:
-                rnd.arrivals.clear()
-                rnd.extra_tags.clear()
-                timers.append((max(0.0, rnd.deadline - now), f"deadline:{rnd.tier}:{rnd.number}"))
-        return Effects(timers=tuple(timers))
+    # --- inputs -------------------------------------------------------------------------------------------------
+    def on_evaluation(self, state: BarrierState, inbound: Inbound, now: float, held) -> tuple[BarrierState, Effects]:
+        """Keep each tier's mean test accuracy (TiFL ranks tiers by it)."""
+        ev: Evaluation = inbound.message
+        if state.assignment is None:
+            return state, done(inbound)
+        accuracy = dict(state.tier_accuracy)
+        for m, clients in enumerate(state.assignment.tiers, start=1):
+            scores = [ev.accuracies[c] for c in clients if c < len(ev.accuracies)]
+            if scores:
+                accuracy[m] = float(np.mean(scores))
+        return replace(state, tier_accuracy=accuracy), done(inbound)
 
-    # --- inputs -------------------------------------------------------------------------------------------
-    def handle(self, inbound: Inbound, now: float) -> Effects:
-        """Dispatch by message kind."""
-        msg = inbound.message
-        if isinstance(msg, TierAssignment):
-            return self._on_assignment(inbound, msg, now)
-        if isinstance(msg, GlobalModel):
-            return self._on_global(inbound, msg, now)
-        if isinstance(msg, Evaluation):
-            return self._on_evaluation(inbound, msg)
-        return self._on_update(inbound, msg, now)
-
-    def _on_evaluation(self, inbound: Inbound, ev: Evaluation) -> Effects:
-        if self.assignment is not None:
-            for m, clients in enumerate(self.assignment.tiers, start=1):
-                scores = [ev.accuracies[c] for c in clients if c < len(ev.accuracies)]
-                if scores:
-                    self.tier_accuracy[m] = float(np.mean(scores))
-        return done(inbound)
-
-    def _on_assignment(self, inbound: Inbound, msg: TierAssignment, now: float) -> Effects:
-        if self.assignment is not None and msg.epoch <= self.assignment.epoch:
-            return done(inbound)
+    def on_assignment(self, state: BarrierState, inbound: Inbound, now: float, held) -> tuple[BarrierState, Effects]:
+        """Adopt a newer tier assignment for the rounds opened from now on."""
+        msg: TierAssignment = inbound.message
+        if state.assignment is not None and msg.epoch <= state.assignment.epoch:
+            return state, done(inbound)
         if len(msg.tiers) < max(self.cfg.tiers):
             raise Reject(f"tier assignment {msg.epoch} has {len(msg.tiers)} tiers, this barrier runs {self.cfg.tiers}")
-        self.assignment = msg
-        self.tier_accuracy = {}  # the tiers' members changed: rank by training loss until the next evaluation
-        return done(inbound) + self._open_idle_tiers(now)
+        # The tiers' members changed: rank them by training loss until the next evaluation.
+        state = replace(state, assignment=msg, tier_accuracy={})
+        state, effects = self._schedule(state, now)
+        return state, done(inbound) + effects
 
-    def _on_global(self, inbound: Inbound, msg: GlobalModel, now: float) -> Effects:
-        if self.model is not None and msg.version <= self.model.version:
-            return done(inbound)
-        self.model = msg
+    def on_global(self, state: BarrierState, inbound: Inbound, now: float, held) -> tuple[BarrierState, Effects]:
+        """Adopt a newer global model; the rounds it merged are done, and their tiers may start the next."""
+        msg: GlobalModel = inbound.message
+        if state.model is not None and msg.version <= state.model.version:
+            return state, done(inbound)
+        next_round = dict(state.next_round)
         for m, r in enumerate(msg.tier_rounds, start=1):
-            self.next_round[m] = max(self.next_round.get(m, 1), r + 1)
-        effects = done(inbound)
-        for key in msg.merged:  # merged: those tiers loop on with the new model
-            rnd = self.rounds.pop(key, None)
-            if rnd is not None and rnd.tasks is not None:  # superseded after a restart: the merge counted these
-                effects = effects + Effects(ack=tuple(a.tag for a in rnd.arrivals.values()) + tuple(rnd.extra_tags))
-        return effects + self._open_idle_tiers(now)
+            next_round[m] = max(next_round.get(m, 1), r + 1)
+        rounds = dict(state.rounds)
+        for key in msg.merged:
+            if key in rounds and rounds[key].phase is Phase.CLOSED:
+                rounds[key] = replace(rounds[key], phase=Phase.MERGED)
+        state = replace(state, model=msg, rounds=_forget_old(rounds), next_round=next_round)
+        state, effects = self._schedule(state, now)
+        return state, done(inbound) + effects
 
-    def _on_update(self, inbound: Inbound, u: Update, now: float) -> Effects:
-        rnd = self.rounds.get((u.tier, u.round))
-        if u.id in self.handled:
-            if self.metrics:
-                self.metrics.duplicates.labels(str(u.tier)).inc()
-            return done(inbound)  # a redelivered copy of an update already merged: idempotent, not stale
-        closed = rnd is None or rnd.tasks is None
-        if closed and u.task_id in self.awaited:
-            return self._late(inbound, u, now)  # even from a client re-tiering dropped since: it did answer
-        if self.assignment is not None and not any(u.client in t for t in self.assignment.tiers):
-            raise Reject(f"unknown client {u.client}: not in tier assignment {self.assignment.epoch}")
-        if rnd is None and u.round >= self.next_round.get(u.tier, 1):
-            self.waiting.append(inbound)  # its round is not (re)opened yet, e.g. after a restart
-            return NOTHING
-        if closed:
-            raise Reject(f"stale round: tier {u.tier} round {u.round} is already closed")
+    def on_update(self, state: BarrierState, inbound: Inbound, now: float, held) -> tuple[BarrierState, Effects]:
+        """Hold a round's answer until the round closes; ack copies; report late answers."""
+        u: Update = inbound.message
+        rnd = state.rounds.get((u.tier, u.round))
+        if rnd is None:
+            if u.round < state.next_round.get(u.tier, 1):
+                raise Reject(f"stale round: tier {u.tier} round {u.round} closed long ago")
+            raise Reject(f"update {u.id}: tier {u.tier} has no round {u.round}")
         if rnd.tasks.get(u.client) != u.task_id:
             raise Reject(f"client {u.client} was not given task {u.task_id} in tier {u.tier} round {u.round}")
+        if rnd.phase is not Phase.COLLECTING:
+            if u.client in rnd.included or u.client in rnd.answered:
+                return state, done(inbound) + _observe(DUPLICATES, u.tier)  # a copy of an answer already counted
+            return self._late(state, rnd, inbound, u, now)
         if u.base_version != rnd.base_version:
-            raise Reject(
-                f"update {u.id} trained on version {u.base_version}, round {rnd.number} used {rnd.base_version}"
-            )
+            raise Reject(f"update {u.id} trained on version {u.base_version}, round {rnd.number} used {rnd.base_version}")
         if u.n_samples < 1:
             raise Reject(f"update {u.id}: n_samples must be >= 1, got {u.n_samples}")
-        if u.client in rnd.arrivals:
-            rnd.extra_tags.append(inbound.tag)  # a redelivered duplicate: counted once, acked at close
-            if self.metrics:
-                self.metrics.duplicates.labels(str(u.tier)).inc()
-            return NOTHING
-        rnd.arrivals[u.client] = _Arrival(u, self._decode_checked(u), inbound.tag, max(now, u.not_before))
-        if len(rnd.arrivals) >= rnd.target:
-            last = max(a.effective for a in rnd.arrivals.values())
-            return (
-                self._close(rnd, now)
-                if last <= now
-                else Effects(timers=((last - now, f"close:{rnd.tier}:{rnd.number}"),))
-            )
-        return NOTHING
+        arrivals = _arrivals(rnd, held)
+        if u.client in arrivals:
+            return state, done(inbound) + _observe(DUPLICATES, u.tier)  # a redelivered copy: counted once
+        weights = self._decode_checked(state, u)
+        arrivals[u.client] = _Arrival(u, inbound.tag, max(inbound.received, u.not_before), weights)
+        effects = Effects(hold=((inbound.tag, weights),))
+        if len(arrivals) < rnd.target:
+            return state, effects
+        last = max(a.effective for a in arrivals.values())
+        if last > now:
+            return state, effects + Effects(timers=((last - now, ids.round_timer(ids.CLOSE, rnd.tier, rnd.number)),))
+        state, closing = self._close(state, rnd, arrivals, now)
+        return state, effects + closing
 
-    def _late(self, inbound: Inbound, u: Update, now: float) -> Effects:
-        del self.awaited[u.task_id]
-        self.handled[u.id] = None
-        if self.metrics:
-            self.metrics.late_answers.labels(str(u.tier)).inc()
+    def on_timer(self, state: BarrierState, key: str, now: float, held) -> tuple[BarrierState, Effects]:
+        """Round deadlines and deferred closes."""
+        t = ids.parse_round_timer(key)
+        rnd = state.rounds.get((t.tier, t.round))
+        if rnd is None or rnd.phase is not Phase.COLLECTING:
+            return state, NOTHING  # closed meanwhile: the timer is stale
+        arrivals = _arrivals(rnd, held)
+        if t.kind == ids.CLOSE:
+            if len(arrivals) < rnd.target:
+                return state, NOTHING  # reconnected meanwhile: the redelivered answers re-arm it
+            # Timers may fire a hair early: the round closes at its last arrival.
+            return self._close(state, rnd, arrivals, max([now] + [a.effective for a in arrivals.values()]))
+        if now < rnd.deadline:
+            return state, NOTHING  # a timer of an earlier deadline (re-issues move it)
+        arrived = [a for a in arrivals.values() if a.effective <= now]
+        if len(arrived) >= min(self.cfg.min_clients, rnd.target):
+            return self._close(state, rnd, arrivals, now)
+        return self._reissue(state, rnd, len(arrivals), now)
+
+    # --- rounds -------------------------------------------------------------------------------------------------
+    def _schedule(self, state: BarrierState, now: float) -> tuple[BarrierState, Effects]:
+        """Ask the strategy which tiers start a round now, and open them."""
+        if state.assignment is None or state.model is None:
+            return state, NOTHING
+        unmerged = [r for r in state.rounds.values() if r.phase is not Phase.MERGED]
+        busy = {m: sum(1 for r in unmerged if r.tier == m) for m in self.cfg.tiers}
+        collecting = [r.tier for r in unmerged if r.phase is Phase.COLLECTING]
+        n = len(state.assignment.tiers)
+        stats = TierStats(
+            rounds=tuple(state.closed.get(m, 0) for m in range(1, n + 1)),
+            losses=tuple(state.tier_loss.get(m, float("inf")) for m in range(1, n + 1)),
+            open=tuple(collecting.count(m) for m in range(1, n + 1)),
+            accuracies=tuple(state.tier_accuracy.get(m, float("nan")) for m in range(1, n + 1)),
+        )
+        effects = NOTHING
+        for m in self.strategy.schedule(busy, stats, self._rng("schedule", sum(state.next_round.values()))):
+            state, opened = self._open(state, m, now)
+            effects = effects + opened
+        return state, effects
+
+    def _open(self, state: BarrierState, tier: int, now: float) -> tuple[BarrierState, Effects]:
+        busy = _training(state, tier)
+        candidates = [c for c in state.assignment.tiers[tier - 1] if c not in busy]
+        if not candidates:
+            return state, NOTHING
+        number = state.next_round.get(tier, 1)
+        clients = self.strategy.select_clients(candidates, self.cfg.clients_per_round, self._rng("select", tier, number))
+        rnd = Round(tier, number, state.model.version, now, 0.0, {}, target=len(clients))
+        state = replace(state, next_round=_with(state.next_round, tier, number + 1))
+        state, effects = self._dispatch(state, rnd, clients, now)
+        return state, effects + _observe(OPENED, tier)
+
+    def _dispatch(self, state: BarrierState, rnd: Round, clients: list[int], now: float) -> tuple[BarrierState, Effects]:
+        latencies = state.assignment.latencies
+        slowest = max((latencies.get(c, 0.0) for c in clients), default=0.0)
+        deadline = now + max(self.cfg.min_deadline, self.cfg.deadline_factor * slowest)
+        epochs = self._local_epochs(rnd, clients, latencies)
+        tasks = [self._task(state, rnd, c, epochs[c], now) for c in clients]
+        rnd = replace(
+            rnd,
+            deadline=deadline,
+            tasks={**rnd.tasks, **{t.client: t.id for t in tasks}},
+            bytes_down=rnd.bytes_down + sum(model_bytes(t.layers) for t in tasks),
+        )
+        state = replace(state, rounds=_with(state.rounds, (rnd.tier, rnd.number), rnd))
+        return state, Effects(
+            publish=tuple(Outgoing(topology.TRAIN, topology.tier_key(rnd.tier), t) for t in tasks),
+            timers=((deadline - now, ids.round_timer(ids.DEADLINE, rnd.tier, rnd.number)),),
+        )
+
+    def _local_epochs(self, rnd: Round, clients: list[int], latencies) -> dict[int, int]:
+        # FedProx's partial work: its stragglers send what fewer epochs give instead of holding the round up.
+        epochs = {c: self.cfg.epochs for c in clients}
+        n = int(np.ceil(self.cfg.straggler_fraction * len(clients)))
+        if n and self.cfg.epochs > 1:
+            rng = self._rng("epochs", rnd.tier, rnd.number, rnd.reissues)
+            for c in sorted(clients, key=lambda c: latencies.get(c, 0.0))[-n:]:
+                epochs[c] = int(rng.integers(1, self.cfg.epochs))
+        return epochs
+
+    def _task(self, state: BarrierState, rnd: Round, client: int, epochs: int, now: float) -> TrainTask:
+        c = self.cfg
+        return TrainTask(
+            id=ids.task(rnd.tier, rnd.number, client, rnd.base_version),
+            client=client,
+            tier=rnd.tier,
+            round=rnd.number,
+            version=rnd.base_version,
+            epochs=epochs,
+            batch_size=c.batch_size,
+            learning_rate=c.learning_rate,
+            prox_lambda=c.prox_lambda,
+            codec=c.codec,
+            precision=c.precision,
+            sent_at=now,
+            layers=state.model.layers,
+        )
+
+    def _reissue(self, state: BarrierState, rnd: Round, answers: int, now: float) -> tuple[BarrierState, Effects]:
+        # The stragglers keep their tasks: an answer from them still counts while the round collects.
+        busy = _training(state, rnd.tier)  # this round's clients, and those of the tier's other collecting rounds
+        fresh = [c for c in state.assignment.tiers[rnd.tier - 1] if c not in busy]
+        rnd = replace(rnd, reissues=rnd.reissues + 1)
+        missing = rnd.target - answers
+        replacements = (
+            self.strategy.select_clients(fresh, missing, self._rng("select", rnd.tier, rnd.number, rnd.reissues))
+            if fresh and missing > 0
+            else []
+        )
+        if not replacements:
+            # Nobody left to ask: wait another deadline for the stragglers.
+            rnd = replace(rnd, deadline=now + self.cfg.min_deadline)
+            state = replace(state, rounds=_with(state.rounds, (rnd.tier, rnd.number), rnd))
+            timer = (self.cfg.min_deadline, ids.round_timer(ids.DEADLINE, rnd.tier, rnd.number))
+            return state, Effects(timers=(timer,)) + _observe(REISSUES, rnd.tier)
+        state, effects = self._dispatch(state, rnd, replacements, now)
+        return state, effects + _observe(REISSUES, rnd.tier)
+
+    def _close(
+        self, state: BarrierState, rnd: Round, arrivals: Mapping[int, _Arrival], now: float
+    ) -> tuple[BarrierState, Effects]:
+        included = sorted((a for a in arrivals.values() if a.effective <= now), key=lambda a: a.update.client)
+        after = sorted(c for c, a in arrivals.items() if a.effective > now)
+        merged = self.strategy.merge_tier([a.weights for a in included], [a.update.n_samples for a in included])
+        names = [layer.name for layer in included[0].update.layers]
+        n = sum(a.update.n_samples for a in included)
+        tier_model = TierModel(
+            id=ids.tier_model(rnd.tier, rnd.number),
+            tier=rnd.tier,
+            round=rnd.number,
+            base_version=rnd.base_version,
+            n_samples=n,
+            clients=tuple(a.update.client for a in included),
+            bytes_up=sum(model_bytes(a.update.layers) for a in included),
+            bytes_down=rnd.bytes_down,
+            late=sum(a.update.late for a in included),
+            closed_at=now,
+            layers=encode_model(merged, names, self.cfg.tier_codec, self.cfg.precision),
+        )
+        closed = replace(rnd, phase=Phase.CLOSED, included=tier_model.clients, answered=tuple(after))
         report = RoundReport(
-            id=f"late-{u.id}",
+            id=ids.round_report(rnd.tier, rnd.number),
+            tier=rnd.tier,
+            round=rnd.number,
+            # Answers that came in but count only later (not_before past the close) are real latencies too.
+            latencies={a.update.client: a.effective - a.update.dispatched_at for a in arrivals.values()},
+            missing=closed.awaited(),
+            waited=now - rnd.opened_at,
+            closed_at=now,
+        )
+        state = replace(
+            state,
+            rounds=_with(state.rounds, (rnd.tier, rnd.number), closed),
+            closed=_with(state.closed, rnd.tier, state.closed.get(rnd.tier, 0) + 1),
+            tier_loss=_with(state.tier_loss, rnd.tier, sum(a.update.loss * a.update.n_samples for a in included) / n),
+        )
+        effects = Effects(
+            publish=(
+                Outgoing(topology.TIER_MODELS, "", tier_model),
+                Outgoing(topology.EVENTS, topology.ROUND_REPORT_KEY, report),
+            ),
+            ack=tuple(a.tag for a in arrivals.values()),
+            observe=(
+                Observation(CLOSED_OBS, rnd.tier),
+                Observation(ROUND_SECONDS, rnd.tier, now - rnd.opened_at),
+                Observation(MERGED_UPDATES, rnd.tier, len(included)),
+            ),
+        )
+        state, opened = self._schedule(state, now)  # a strategy may restart clients on close (FedBuff)
+        return state, effects + opened
+
+    def _late(
+        self, state: BarrierState, rnd: Round, inbound: Inbound, u: Update, now: float
+    ) -> tuple[BarrierState, Effects]:
+        rnd = replace(rnd, answered=(*rnd.answered, u.client))
+        report = RoundReport(
+            id=ids.late_report(u.id),
             tier=u.tier,
             round=u.round,
             latencies={u.client: max(now, u.not_before) - u.dispatched_at},
@@ -226,10 +420,13 @@ class Barrier:
             waited=0.0,
             closed_at=now,
         )
-        return done(inbound, Outgoing(topology.EVENTS, topology.ROUND_REPORT_KEY, report))
+        state = replace(state, rounds=_with(state.rounds, (rnd.tier, rnd.number), rnd))
+        return state, done(inbound, Outgoing(topology.EVENTS, topology.ROUND_REPORT_KEY, report)) + _observe(
+            LATE, u.tier
+        )
 
-    def _decode_checked(self, u: Update) -> list[np.ndarray]:
-        want = [layer.shape for layer in self.model.layers]
+    def _decode_checked(self, state: BarrierState, u: Update) -> list[np.ndarray]:
+        want = [layer.shape for layer in state.model.layers]
         got = [layer.shape for layer in u.layers]
         if got != want:
             raise Reject(f"update {u.id}: layer shapes {got} do not match the global model's {want}")
@@ -242,171 +439,37 @@ class Barrier:
                 raise Reject(f"update {u.id}: layer '{layer.name}' contains NaN or inf")
         return weights
 
-    def on_timer(self, key: str, now: float) -> Effects:
-        """Round deadlines and deferred closes (key 'deadline:<tier>:<round>' or 'close:<tier>:<round>')."""
-        what, tier, number = key.split(":")
-        rnd = self.rounds.get((int(tier), int(number)))
-        if rnd is None or rnd.tasks is None:  # closed or superseded
-            return NOTHING
-        if what == "close":  # timers may fire a hair early: the round closes at its last arrival
-            return self._close(rnd, max([now] + [a.effective for a in rnd.arrivals.values()]))
-        arrived = [a for a in rnd.arrivals.values() if a.effective <= now]
-        if len(arrived) >= min(self.cfg.min_clients, rnd.target):
-            return self._close(rnd, now)
-        return self._reissue(rnd, now)
+    def _rng(self, *key) -> np.random.Generator:
+        # Every random choice is drawn from its own seed (round, re-issue, purpose): a restored barrier, or a replay,
+        # draws exactly the same clients, and the state needs no generator.
+        words = [self.cfg.seed, 0xBA77] + [int.from_bytes(k.encode(), "little") if isinstance(k, str) else k for k in key]
+        return np.random.default_rng(words)
 
-    # --- rounds -------------------------------------------------------------------------------------------
-    def _open_idle_tiers(self, now: float) -> Effects:
-        effects = NOTHING
-        if self.assignment is None or self.model is None:
-            return effects
-        busy = {m: sum(1 for t, _ in self.rounds if t == m) for m in self.cfg.tiers}
-        open_rounds = [t for (t, _), r in self.rounds.items() if r.tasks is not None]
-        n = len(self.assignment.tiers)
-        stats = TierStats(
-            rounds=tuple(self.closed.get(m, 0) for m in range(1, n + 1)),
-            losses=tuple(self.tier_loss.get(m, float("inf")) for m in range(1, n + 1)),
-            open=tuple(open_rounds.count(m) for m in range(1, n + 1)),
-            accuracies=tuple(self.tier_accuracy.get(m, float("nan")) for m in range(1, n + 1)),
-        )
-        for m in self.strategy.schedule(busy, stats, self.rng):
-            effects = effects + self._open(m, now)
-        # Updates that came before their round opened (after a restart) are replayed once every round is open;
-        # a replay may close a round, which schedules again, but never inside the loop above.
-        pending, self.waiting = self.waiting, []
-        for inbound in pending:
-            effects = effects + self._replay(inbound, now)
-        return effects
 
-    def _open(self, tier: int, now: float) -> Effects:
-        candidates = [c for c in self.assignment.tiers[tier - 1] if c not in self._training(tier)]
-        if not candidates:
-            return NOTHING
-        number = self.next_round.get(tier, 1)
-        self.next_round[tier] = number + 1
-        clients = self.strategy.select_clients(candidates, self.cfg.clients_per_round, self.rng)
-        rnd = _Round(tier, number, self.model.version, now, 0.0, {}, target=len(clients))
-        self.rounds[(tier, number)] = rnd
-        effects = self._dispatch(rnd, clients, now)
-        if self.metrics:
-            self.metrics.rounds_opened.labels(str(tier)).inc()
-        return effects
+def _arrivals(rnd: Round, held: Mapping[int, Held]) -> dict[int, _Arrival]:
+    """The round's held answers by client (the first delivery of each)."""
+    out: dict[int, _Arrival] = {}
+    for h in held.values():
+        u = h.inbound.message
+        if isinstance(u, Update) and (u.tier, u.round) == (rnd.tier, rnd.number) and u.client not in out:
+            out[u.client] = _Arrival(u, h.inbound.tag, max(h.inbound.received, u.not_before), h.note)
+    return out
 
-    def _training(self, tier: int) -> set[int]:
-        return {c for (t, _), r in self.rounds.items() if t == tier and r.tasks for c in r.tasks}
 
-    def _replay(self, inbound: Inbound, now: float) -> Effects:
-        try:
-            return self._on_update(inbound, inbound.message, now)
-        except Reject as exc:
-            return Effects(dead_letter=((inbound.tag, exc.reason),))
+def _training(state: BarrierState, tier: int) -> set[int]:
+    """Clients of `tier` with a task in one of its collecting rounds."""
+    return {c for r in state.rounds.values() if r.tier == tier and r.phase is Phase.COLLECTING for c in r.tasks}
 
-    def _dispatch(self, rnd: _Round, clients: list[int], now: float) -> Effects:
-        latencies = self.assignment.latencies
-        slowest = max((latencies.get(c, 0.0) for c in clients), default=0.0)
-        rnd.deadline = now + max(self.cfg.min_deadline, self.cfg.deadline_factor * slowest)
-        epochs = self._local_epochs(clients, latencies)
-        tasks = []
-        for c in clients:
-            task = self._task(rnd, c, epochs[c], now)
-            rnd.tasks[c] = task.id
-            rnd.bytes_down += model_bytes(task.layers)
-            tasks.append(Outgoing(topology.TRAIN, topology.tier_key(rnd.tier), task))
-        return Effects(publish=tuple(tasks), timers=((rnd.deadline - now, f"deadline:{rnd.tier}:{rnd.number}"),))
 
-    def _local_epochs(self, clients: list[int], latencies) -> dict[int, int]:
-        # FedProx's partial work: its stragglers send what fewer epochs give instead of holding the round up.
-        epochs = {c: self.cfg.epochs for c in clients}
-        n = int(np.ceil(self.cfg.straggler_fraction * len(clients)))
-        if n and self.cfg.epochs > 1:
-            for c in sorted(clients, key=lambda c: latencies.get(c, 0.0))[-n:]:
-                epochs[c] = int(self.rng.integers(1, self.cfg.epochs))
-        return epochs
+def _forget_old(rounds: dict[tuple[int, int], Round]) -> dict[tuple[int, int], Round]:
+    """Keep the newest MERGED_MEMORY merged rounds of each tier."""
+    merged: dict[int, list[int]] = {}
+    for (tier, number), r in rounds.items():
+        if r.phase is Phase.MERGED:
+            merged.setdefault(tier, []).append(number)
+    drop = {(t, n) for t, numbers in merged.items() for n in sorted(numbers)[:-MERGED_MEMORY]}
+    return {k: r for k, r in rounds.items() if k not in drop} if drop else rounds
 
-    def _task(self, rnd: _Round, client: int, epochs: int, now: float) -> TrainTask:
-        c = self.cfg
-        return TrainTask(
-            id=f"t{rnd.tier}-r{rnd.number}-c{client}-v{rnd.base_version}",
-            client=client,
-            tier=rnd.tier,
-            round=rnd.number,
-            version=rnd.base_version,
-            epochs=epochs,
-            batch_size=c.batch_size,
-            learning_rate=c.learning_rate,
-            prox_lambda=c.prox_lambda,
-            codec=c.codec,
-            precision=c.precision,
-            sent_at=now,
-            layers=self.model.layers,
-        )
 
-    def _reissue(self, rnd: _Round, now: float) -> Effects:
-        # The stragglers keep their tasks: an answer from them still counts while the round is open.
-        need = rnd.target - len(rnd.arrivals)
-        busy = self._training(rnd.tier)  # this round's clients, and those of the tier's other open rounds
-        fresh = [c for c in self.assignment.tiers[rnd.tier - 1] if c not in busy]
-        rnd.reissues += 1
-        if self.metrics:
-            self.metrics.reissues.labels(str(rnd.tier)).inc()
-        replacements = self.strategy.select_clients(fresh, need, self.rng) if fresh else []
-        if not replacements:
-            # Nobody left to ask: wait another deadline for the stragglers.
-            rnd.deadline = now + self.cfg.min_deadline
-            return Effects(timers=((self.cfg.min_deadline, f"deadline:{rnd.tier}:{rnd.number}"),))
-        return self._dispatch(rnd, replacements, now)
-
-    def _close(self, rnd: _Round, now: float) -> Effects:
-        included = sorted((a for a in rnd.arrivals.values() if a.effective <= now), key=lambda a: a.update.client)
-        late_tags = [a.tag for a in rnd.arrivals.values() if a.effective > now]
-        models = [a.weights for a in included]
-        merged = self.strategy.merge_tier(models, [a.update.n_samples for a in included])
-        names = [layer.name for layer in included[0].update.layers]
-        tier_model = TierModel(
-            id=f"tm{rnd.tier}-r{rnd.number}",
-            tier=rnd.tier,
-            round=rnd.number,
-            base_version=rnd.base_version,
-            n_samples=sum(a.update.n_samples for a in included),
-            clients=tuple(a.update.client for a in included),
-            bytes_up=sum(model_bytes(a.update.layers) for a in included),
-            bytes_down=rnd.bytes_down,
-            late=sum(a.update.late for a in included),
-            closed_at=now,
-            layers=encode_model(merged, names, self.cfg.tier_codec, self.cfg.precision),
-        )
-        n = sum(a.update.n_samples for a in included)
-        self.tier_loss[rnd.tier] = sum(a.update.loss * a.update.n_samples for a in included) / n
-        missing = tuple(sorted(c for c in rnd.tasks if c not in rnd.arrivals))
-        for c in missing:
-            self.awaited[rnd.tasks[c]] = None
-        rnd.tasks = None  # closed: further timers and updates for it are stale
-        for a in rnd.arrivals.values():  # merged, or acked now as counting only after the close
-            self.handled[a.update.id] = None
-        for memory in (self.handled, self.awaited):
-            while len(memory) > MERGED_MEMORY:
-                memory.popitem(last=False)
-        self.closed[rnd.tier] = self.closed.get(rnd.tier, 0) + 1
-        if self.metrics:
-            self.metrics.rounds_closed.labels(str(rnd.tier)).inc()
-            self.metrics.round_seconds.labels(str(rnd.tier)).observe(now - rnd.opened_at)
-            self.metrics.updates_merged.labels(str(rnd.tier)).inc(len(included))
-        report = RoundReport(
-            id=f"rr{rnd.tier}-r{rnd.number}",
-            tier=rnd.tier,
-            round=rnd.number,
-            # Answers that came in but count only later (not_before past the close) are real latencies too.
-            latencies={a.update.client: a.effective - a.update.dispatched_at for a in rnd.arrivals.values()},
-            missing=missing,
-            waited=now - rnd.opened_at,
-            closed_at=now,
-        )
-        acks = tuple(a.tag for a in included) + tuple(late_tags) + tuple(rnd.extra_tags)
-        closed = Effects(
-            publish=(
-                Outgoing(topology.TIER_MODELS, "", tier_model),
-                Outgoing(topology.EVENTS, topology.ROUND_REPORT_KEY, report),
-            ),
-            ack=acks,
-        )
-        return closed + self._open_idle_tiers(now)  # a strategy may restart clients on close (FedBuff)
+def _observe(name: str, tier: int) -> Effects:
+    return Effects(observe=(Observation(name, tier),))

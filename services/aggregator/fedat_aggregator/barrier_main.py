@@ -60,8 +60,8 @@ def main() -> None:
     setup_logging("barrier")
     s = settings(os.environ)
     metrics = barrier_metrics()
-    service = Barrier(s.barrier, STRATEGIES[s.strategy], metrics)
-    serve_forever(service, s.broker, metrics.transport.registry, metrics.transport, s.metrics_port)
+    service = Barrier(s.barrier, STRATEGIES[s.strategy])
+    serve_forever(service, s.broker, metrics.transport.registry, metrics.transport, s.metrics_port, metrics.observe)
 
 
 if __name__ == "__main__":

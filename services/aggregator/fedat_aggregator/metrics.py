@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from fedat.metrics import TransportMetrics, transport_metrics
+from fedat.service import Observation
+from fedat_aggregator import aggregator as agg
+from fedat_aggregator import barrier as bar
 
 
 @dataclass(frozen=True)
@@ -21,6 +24,22 @@ class BarrierMetrics:
     duplicates: Counter
     reissues: Counter
     late_answers: Counter
+
+    def observe(self, o: Observation) -> None:
+        """Count what a barrier transition observed."""
+        tier = str(o.tier)
+        counters = {
+            bar.OPENED: self.rounds_opened,
+            bar.CLOSED_OBS: self.rounds_closed,
+            bar.MERGED_UPDATES: self.updates_merged,
+            bar.DUPLICATES: self.duplicates,
+            bar.REISSUES: self.reissues,
+            bar.LATE: self.late_answers,
+        }
+        if o.name == bar.ROUND_SECONDS:
+            self.round_seconds.labels(tier).observe(o.value)
+        elif o.name in counters:
+            counters[o.name].labels(tier).inc(o.value)
 
 
 def barrier_metrics() -> BarrierMetrics:
@@ -61,6 +80,17 @@ class AggregatorMetrics:
     duplicates: Counter
     version: Gauge
     tier_weight: Gauge
+
+    def observe(self, o: Observation) -> None:
+        """Count what an aggregator transition observed."""
+        if o.name == agg.MERGES:
+            self.merges.labels(str(o.tier)).inc()
+        elif o.name == agg.DUPLICATES:
+            self.duplicates.inc()
+        elif o.name == agg.WEIGHT:
+            self.tier_weight.labels(str(o.tier)).set(o.value)
+        elif o.name == agg.VERSION:
+            self.version.set(o.value)
 
 
 def aggregator_metrics() -> AggregatorMetrics:

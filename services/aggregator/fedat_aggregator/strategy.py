@@ -63,6 +63,7 @@ class Strategy(Protocol):
     """Schedule tiers, select clients for a round, merge a tier's round, merge the tiers into the global model."""
 
     name: str
+    history: int  # global versions the aggregator keeps (and persists) so that arrivals find their base model
 
     def schedule(self, busy: Mapping[int, int], stats: TierStats, rng: np.random.Generator) -> list[int]:
         """Tiers (1 = fastest; repeated to open several) that start a round now, given each tier's unmerged rounds."""
@@ -102,6 +103,8 @@ def _random_subset(candidates: Sequence[int], k: int, rng: np.random.Generator) 
 class TierWeighted:
     """FedAT: random clients per tier, sample-weighted tier merge, cross-tier weights from update counts."""
 
+    history = 0  # no base models needed
+
     name: str
     weigh: Callable[[Sequence[int]], np.ndarray]
 
@@ -135,6 +138,8 @@ class TiFL:
     evaluation) and favours the worst. Until every tier has an accuracy, the tiers' last-round training losses
     rank them instead (a tier that never ran counts as the worst). `credits` caps each tier's rounds (0 = none).
     """
+
+    history = 0  # no base models needed
 
     name: str = "tifl"
     credits: int = 0
@@ -176,6 +181,8 @@ class FedAsync:
     restarting from the newest global model once its update is merged. The server step is
     w <- (1 - a_t) w + a_t w_new with a_t = alpha * s(t - tau), s the staleness function.
     """
+
+    history = 0  # no base models needed
 
     name: str = "fedasync"
     concurrency: int = 20
@@ -229,6 +236,9 @@ class FedBuff:
     buffer_size: int = 10
     server_lr: float = 1.0
     staleness: str = "polynomial"
+    # Versions kept to find an arrival's base (its delta); an older base counts as unknown (weight 0). Each is a
+    # whole model in every checkpoint, so this is a cost per arrival: bases rarely lag more than a few versions.
+    history: int = 16
 
     def schedule(self, busy: Mapping[int, int], stats: TierStats, rng: np.random.Generator) -> list[int]:
         """Top every tier up to `concurrency` open rounds (closed, unmerged ones sit in the buffer, not in a client)."""
@@ -283,6 +293,8 @@ class ASOFed:
     count. The running sums make an arrival cost O(model), not O(clients × model).
     """
 
+    history = 0  # no base models needed
+
     name: str = "aso-fed"
     concurrency: int = 20
 
@@ -318,6 +330,9 @@ class ASOFed:
         w[view.arrived] = view.n_samples / total_n  # the arrival's share of the average
         return GlobalMerge(model, w, Copies(models, total, total_n))
 
+
+# Classes of strategy state the aggregator persists (registered with its state codec).
+STATE_TYPES: tuple[type, ...] = (Buffer, Copies)
 
 STRATEGIES: dict[str, Strategy] = {
     "fedat": TierWeighted("fedat", fedat_tier_weights),

@@ -52,7 +52,7 @@ def main() -> None:
     s = settings(os.environ)
     metrics = profiler_metrics()
     serve_forever(
-        Profiler(s.profiler, metrics), s.broker, metrics.transport.registry, metrics.transport, s.metrics_port
+        Profiler(s.profiler), s.broker, metrics.transport.registry, metrics.transport, s.metrics_port, metrics.observe
     )
 
 

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from fedat.metrics import TransportMetrics, transport_metrics
+from fedat.service import Observation
+from fedat_profiler import profiler as obs
 
 
 @dataclass(frozen=True)
@@ -18,6 +20,17 @@ class ProfilerMetrics:
     assignments: Counter
     tier_size: Gauge
     evicted: Counter
+
+    def observe(self, o: Observation) -> None:
+        """Count what a profiler transition observed."""
+        if o.name == obs.LATENCY:
+            self.latency.labels(str(o.tier)).observe(o.value)
+        elif o.name == obs.ASSIGNED_OBS:
+            self.assignments.inc()
+        elif o.name == obs.EVICTED:
+            self.evicted.inc()
+        elif o.name == "tier_size":
+            self.tier_size.labels(str(o.tier)).set(o.value)
 
 
 def profiler_metrics() -> ProfilerMetrics:

@@ -5,16 +5,24 @@ to the update's arrival, where an update counts as arriving at max(received, not
 as (model-less) updates; round latencies come from the barrier's small round reports, including the reports the
 barrier sends for answers that came after their round closed. A client missing from a round only counts a miss:
 its real latency arrives with its late answer, and a client that never answers is dropped after `max_misses`.
+The whole memory is one `ProfilerState` value, saved by the transport before any assignment leaves.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
-from fedat import topology
-from fedat.service import Effects, Inbound, Outgoing, Reject, done
+from fedat import ids, topology
+from fedat.service import NOTHING, Effects, Inbound, Observation, Outgoing, Reject, Subscription, done
+from fedat.statecodec import StateCodec
 from fedat.tiering import Tiers, assign_tiers, ewma, moved_clients
 from fedat.wire import RoundReport, TierAssignment, TrainTask, Update
+
+REPORT_MEMORY = 512  # round-report ids remembered, so that a redelivered copy is not counted twice
+
+LATENCY, ASSIGNED_OBS, EVICTED = "latency", "assignment", "evicted"  # observation names
 
 
 @dataclass(frozen=True)
@@ -37,131 +45,174 @@ class ProfilerConfig:
     precision: int = 4
 
 
+class Stage(enum.Enum):
+    """The profiler's life: it profiles once, then keeps the assignment up to date."""
+
+    IDLE = "idle"  # never started
+    PROFILING = "profiling"  # tasks out, latencies coming in, until everyone answered or the deadline
+    ASSIGNED = "assigned"  # tiers published; round reports refine them
+
+
+@dataclass(frozen=True)
+class ProfilerState:
+    """Latencies, the profiling pass's progress, the current tiers."""
+
+    stage: Stage = Stage.IDLE
+    latency: Mapping[int, float] = field(default_factory=dict)
+    queue: tuple[int, ...] = ()  # clients still to profile
+    outstanding: frozenset[int] = frozenset()  # profiling tasks out and unanswered
+    deadline: float = 0.0  # of the profiling pass
+    epoch: int = 0
+    tiers: Tiers = ()
+    samples_since: int = 0  # latency samples since the last re-tiering check
+    misses: Mapping[int, int] = field(default_factory=dict)  # consecutive rounds asked and unanswered, per client
+    reports: tuple[str, ...] = ()  # ids of the round reports folded in most recently
+
+
 class Profiler:
     """Latency bookkeeping and tier assignment."""
 
     name = "profiler"
+    codec = StateCodec(1, (ProfilerState, Stage))
 
-    def __init__(self, cfg: ProfilerConfig, metrics=None):
-        self.cfg, self.metrics = cfg, metrics
-        self.latency: dict[int, float] = {}
-        self.queue = list(range(cfg.num_clients))  # clients still to profile
-        self.outstanding: set[int] = set()
-        self.started = False
-        self.deadline = 0.0
-        self.epoch = 0
-        self.tiers: Tiers | None = None
-        self.samples_since = 0
-        self.misses: dict[int, int] = {}  # consecutive rounds each client was asked and did not answer
+    def __init__(self, cfg: ProfilerConfig):
+        self.cfg = cfg
 
-    def subscriptions(self) -> dict[str, type]:
-        """Every client update (profiling answers and round answers)."""
-        return {topology.PROFILER_RESULTS: Update, topology.PROFILER_REPORTS: RoundReport}
+    def initial(self) -> ProfilerState:
+        """Nobody profiled yet."""
+        return ProfilerState(queue=tuple(range(self.cfg.num_clients)))
 
-    def on_start(self, now: float) -> Effects:
-        """Start the profiling pass once; after a reconnect only re-arm its deadline (published tasks are durable)."""
-        if not self.started:
-            self.started, self.deadline = True, now + self.cfg.profile_deadline
-            return self._dispatch(now) + Effects(timers=((self.cfg.profile_deadline, "profile-deadline"),))
-        if self.tiers is None:
-            return Effects(timers=((max(0.0, self.deadline - now), "profile-deadline"),))
-        return Effects()
+    def subscriptions(self) -> dict[str, Subscription]:
+        """Profiling answers and round reports."""
+        return {
+            topology.PROFILER_RESULTS: Subscription(Update, self.on_answer),
+            topology.PROFILER_REPORTS: Subscription(RoundReport, self.on_report),
+        }
 
-    def on_timer(self, key: str, now: float) -> Effects:
+    def on_start(self, state: ProfilerState, now: float) -> tuple[ProfilerState, Effects]:
+        """Start the profiling pass once; after a restart only re-arm its deadline (published tasks are durable)."""
+        if state.stage is Stage.IDLE:
+            state = replace(state, stage=Stage.PROFILING, deadline=now + self.cfg.profile_deadline)
+            state, effects = self._dispatch(state, now)
+            return state, effects + Effects(timers=((self.cfg.profile_deadline, ids.PROFILE_DEADLINE),))
+        if state.stage is Stage.PROFILING:
+            return state, Effects(timers=((max(0.0, state.deadline - now), ids.PROFILE_DEADLINE),))
+        return state, NOTHING
+
+    def on_timer(self, state: ProfilerState, key: str, now: float, held) -> tuple[ProfilerState, Effects]:
         """The profiling deadline: assign tiers among the clients that answered."""
-        if key == "profile-deadline" and self.tiers is None:
-            return self._assign(now)
-        return Effects()
+        if key == ids.PROFILE_DEADLINE and state.stage is Stage.PROFILING and now >= state.deadline:
+            return self._assign(state, now)
+        return state, NOTHING
 
-    def handle(self, inbound: Inbound, now: float) -> Effects:
-        """A profiling answer, or a round report with many latency samples."""
-        msg = inbound.message
-        if isinstance(msg, RoundReport):
-            return done(inbound) + self._on_report(msg, now)
+    def on_answer(self, state: ProfilerState, inbound: Inbound, now: float, held) -> tuple[ProfilerState, Effects]:
+        """A profiling answer: its latency, then the next profiling task (and the tiers once everyone answered)."""
+        msg: Update = inbound.message
         if msg.tier != 0:
             raise Reject(f"update {msg.id}: the profiler only takes profiling answers (tier 0), got tier {msg.tier}")
-        self.latency[msg.client] = max(now, msg.not_before) - msg.dispatched_at
-        self.outstanding.discard(msg.client)
-        effects = done(inbound) + self._dispatch(now)
-        if self.tiers is None and not self.queue and not self.outstanding:
-            effects = effects + self._assign(now)
-        return effects
+        awaited = msg.client in state.outstanding
+        # After the pass, a client that missed its deadline still gets a latency: it joins at the next re-tiering.
+        unknown = state.stage is Stage.ASSIGNED and msg.client not in state.latency
+        if not (awaited or unknown):
+            return state, done(inbound)  # a copy of an answer already counted
+        state = replace(
+            state,
+            latency={**state.latency, msg.client: max(now, msg.not_before) - msg.dispatched_at},
+            outstanding=state.outstanding - {msg.client},
+        )
+        state, effects = self._dispatch(state, now)
+        if state.stage is Stage.PROFILING and not state.queue and not state.outstanding:
+            state, assigned = self._assign(state, now)
+            effects = effects + assigned
+        return state, done(inbound) + effects
 
-    def _on_report(self, report: RoundReport, now: float) -> Effects:
-        samples = dict(report.latencies)
-        for c in report.latencies:
-            self.misses.pop(c, None)
+    def on_report(self, state: ProfilerState, inbound: Inbound, now: float, held) -> tuple[ProfilerState, Effects]:
+        """Fold a round's latencies into the clients' EWMA; count misses; re-tier on drift or drop-outs."""
+        report: RoundReport = inbound.message
+        if report.id in state.reports:
+            return state, done(inbound)  # redelivered: already folded in
+        misses = {c: n for c, n in state.misses.items() if c not in report.latencies}
+        latency = dict(state.latency)
         evicted = []
         for c in report.missing:  # no answer yet: its latency comes with the late answer, if one ever comes
-            self.misses[c] = self.misses.get(c, 0) + 1
-            if self.cfg.max_misses and self.misses[c] >= self.cfg.max_misses and c in self.latency:
+            misses[c] = misses.get(c, 0) + 1
+            if self.cfg.max_misses and misses[c] >= self.cfg.max_misses and c in latency:
                 evicted.append(c)  # gone for good (the paper's unstable clients): stop asking it
-        for c in evicted:
-            del self.latency[c]
-            if self.metrics:
-                self.metrics.evicted.inc()
-        for client, sample in samples.items():
-            self.latency[client] = ewma(self.latency.get(client), sample, self.cfg.ewma_alpha)
-            if self.metrics:
-                self.metrics.latency.labels(str(report.tier)).observe(sample)
-        self.samples_since += len(samples)
-        if self.tiers is not None and evicted and len(self.latency) >= self.cfg.num_tiers:
-            self.samples_since = 0
-            return self._publish(self._tiers(), now)
-        if self.tiers is not None and self.samples_since >= self.cfg.retier_every:
-            self.samples_since = 0
-            return self._retier(now)
-        return Effects()
-
-    def _dispatch(self, now: float) -> Effects:
-        tasks = []
-        while self.queue and len(self.outstanding) < self.cfg.concurrency:
-            client = self.queue.pop(0)
-            self.outstanding.add(client)
-            task = TrainTask(
-                id=f"p-c{client}",
-                client=client,
-                tier=0,
-                round=0,
-                version=0,
-                epochs=self.cfg.profile_epochs,
-                batch_size=self.cfg.batch_size,
-                learning_rate=self.cfg.learning_rate,
-                prox_lambda=0.0,
-                codec=self.cfg.codec,
-                precision=self.cfg.precision,
-                sent_at=now,
-                layers=(),
-            )
-            tasks.append(Outgoing(topology.TRAIN, topology.PROFILE_KEY, task))
-        return Effects(publish=tuple(tasks))
-
-    def _assign(self, now: float) -> Effects:
-        if len(self.latency) < self.cfg.num_tiers:
-            self.deadline = now + self.cfg.profile_deadline
-            return Effects(timers=((self.cfg.profile_deadline, "profile-deadline"),))
-        self.queue.clear()
-        self.outstanding.clear()
-        return self._publish(self._tiers(), now)
-
-    def _retier(self, now: float) -> Effects:
-        new = self._tiers()
-        moved = moved_clients(self.tiers, new)
-        if len(moved) < self.cfg.drift_fraction * len(self.latency):
-            return Effects()
-        return self._publish(new, now)
-
-    def _tiers(self) -> Tiers:
-        return assign_tiers(self.latency, self.cfg.num_tiers, self.cfg.tier_sizes)
-
-    def _publish(self, tiers: Tiers, now: float) -> Effects:
-        self.epoch += 1
-        self.tiers = tiers
-        if self.metrics:
-            self.metrics.assignments.inc()
-            for m, group in enumerate(tiers, start=1):
-                self.metrics.tier_size.labels(str(m)).set(len(group))
-        msg = TierAssignment(
-            id=f"a{self.epoch}", epoch=self.epoch, tiers=tiers, latencies=dict(self.latency), created_at=now
+                del latency[c]
+        observed = [Observation(EVICTED)] * len(evicted)
+        for client, sample in report.latencies.items():
+            latency[client] = ewma(latency.get(client), sample, self.cfg.ewma_alpha)
+            observed.append(Observation(LATENCY, report.tier, sample))
+        state = replace(
+            state,
+            latency=latency,
+            misses=misses,
+            samples_since=state.samples_since + len(report.latencies),
+            reports=(*state.reports, report.id)[-REPORT_MEMORY:],
         )
-        return Effects(publish=(Outgoing(topology.CONTROL, "", msg),))
+        effects = done(inbound) + Effects(observe=tuple(observed))
+        if state.stage is not Stage.ASSIGNED:
+            return state, effects
+        if evicted and len(latency) >= self.cfg.num_tiers:
+            state, published = self._publish(replace(state, samples_since=0), self._tiers(state), now)
+            return state, effects + published
+        if state.samples_since >= self.cfg.retier_every:
+            state, retiered = self._retier(replace(state, samples_since=0), now)
+            return state, effects + retiered
+        return state, effects
+
+    def _dispatch(self, state: ProfilerState, now: float) -> tuple[ProfilerState, Effects]:
+        room = max(0, self.cfg.concurrency - len(state.outstanding))
+        clients, queue = state.queue[:room], state.queue[room:]
+        if not clients:
+            return state, NOTHING
+        tasks = tuple(
+            Outgoing(
+                topology.TRAIN,
+                topology.PROFILE_KEY,
+                TrainTask(
+                    id=ids.profile_task(c),
+                    client=c,
+                    tier=0,
+                    round=0,
+                    version=0,
+                    epochs=self.cfg.profile_epochs,
+                    batch_size=self.cfg.batch_size,
+                    learning_rate=self.cfg.learning_rate,
+                    prox_lambda=0.0,
+                    codec=self.cfg.codec,
+                    precision=self.cfg.precision,
+                    sent_at=now,
+                    layers=(),
+                ),
+            )
+            for c in clients
+        )
+        return replace(state, queue=queue, outstanding=state.outstanding | set(clients)), Effects(publish=tasks)
+
+    def _assign(self, state: ProfilerState, now: float) -> tuple[ProfilerState, Effects]:
+        if len(state.latency) < self.cfg.num_tiers:
+            state = replace(state, deadline=now + self.cfg.profile_deadline)
+            return state, Effects(timers=((self.cfg.profile_deadline, ids.PROFILE_DEADLINE),))
+        state = replace(state, stage=Stage.ASSIGNED, queue=(), outstanding=frozenset())
+        return self._publish(state, self._tiers(state), now)
+
+    def _retier(self, state: ProfilerState, now: float) -> tuple[ProfilerState, Effects]:
+        new = self._tiers(state)
+        if len(moved_clients(state.tiers, new)) < self.cfg.drift_fraction * len(state.latency):
+            return state, NOTHING
+        return self._publish(state, new, now)
+
+    def _tiers(self, state: ProfilerState) -> Tiers:
+        return assign_tiers(state.latency, self.cfg.num_tiers, self.cfg.tier_sizes)
+
+    def _publish(self, state: ProfilerState, tiers: Tiers, now: float) -> tuple[ProfilerState, Effects]:
+        epoch = state.epoch + 1
+        state = replace(state, epoch=epoch, tiers=tiers)
+        msg = TierAssignment(
+            id=ids.assignment(epoch), epoch=epoch, tiers=tiers, latencies=dict(state.latency), created_at=now
+        )
+        observed = (Observation(ASSIGNED_OBS),) + tuple(
+            Observation("tier_size", m, len(group)) for m, group in enumerate(tiers, start=1)
+        )
+        return state, Effects(publish=(Outgoing(topology.CONTROL, "", msg),), observe=observed)

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedat import topology
-from fedat.service import Effects, Inbound, Outgoing, Reactive, done
+from fedat.service import Effects, Inbound, Outgoing, Reactive, Subscription, done
 from fedat.wire import Evaluation, GlobalModel, decode_model
 
 
@@ -47,21 +47,23 @@ class Evaluator(Reactive):
     def __init__(self, cfg: EvaluatorConfig, clients, trainer, clock: Callable[[], float], metrics=None):
         self.cfg, self.trainer, self.clock, self.metrics = cfg, trainer, clock, metrics
         self.tests = [(c.x_test, c.y_test) for c in clients]
-        self.last: tuple[int, float] | None = None  # (version, time) of the last evaluation
 
-    def subscriptions(self) -> dict[str, type]:
+    def initial(self) -> tuple[int, float] | None:
+        """(version, time) of the last evaluation: none yet. Not persisted: a restart scores the next model it sees."""
+        return None
+
+    def subscriptions(self) -> dict[str, Subscription]:
         """Global models (a bounded observer queue: a slow evaluator skips versions, never blocks anyone)."""
-        return {topology.EVALUATOR_GLOBAL: GlobalModel}
+        return {topology.EVALUATOR_GLOBAL: Subscription(GlobalModel, self.on_global)}
 
-    def handle(self, inbound: Inbound, now: float) -> Effects:
+    def on_global(self, last, inbound: Inbound, now: float, held) -> tuple[tuple[int, float] | None, Effects]:
         """Evaluate when due and publish the scores."""
         g: GlobalModel = inbound.message
-        if not due(g.version, now, self.last, self.cfg.every, self.cfg.interval):
-            return done(inbound)
+        if not due(g.version, now, last, self.cfg.every, self.cfg.interval):
+            return last, done(inbound)
         started = self.clock()
         per_client = self.trainer.evaluate_per_client(decode_model(g.layers), self.tests)
         acc, loss, var = score(per_client)
-        self.last = (g.version, now)
         if self.metrics:
             self.metrics.accuracy.set(acc)
             self.metrics.variance.set(var)
@@ -77,4 +79,4 @@ class Evaluator(Reactive):
             evaluated_at=self.clock(),
             accuracies=tuple(float(a) for _, a, _ in per_client),
         )
-        return done(inbound, Outgoing(topology.EVENTS, topology.EVALUATION_KEY, ev))
+        return (g.version, now), done(inbound, Outgoing(topology.EVENTS, topology.EVALUATION_KEY, ev))

@@ -15,7 +15,7 @@ import numpy as np
 
 from fedat import topology
 from fedat.latency import ClientProfile, StragglerProfile, response_latency, round_draw, training_seconds
-from fedat.service import Effects, Inbound, Outgoing, Reactive, Reject, done
+from fedat.service import Effects, Inbound, Outgoing, Reactive, Reject, Subscription, done
 from fedat.wire import TrainTask, Update, WireError, decode_model, encode_model
 
 
@@ -50,15 +50,22 @@ class Worker(Reactive):
         self.initial, self.profiles, self.clock, self.metrics = initial, profiles, clock, metrics
         self.shapes = [a.shape for a in initial]
 
-    def subscriptions(self) -> dict[str, type]:
+    def initial(self) -> None:
+        """Stateless: any worker can train any client."""
+        return None
+
+    def subscriptions(self) -> dict[str, Subscription]:
         """The train queues of the configured tiers (and the profiling queue)."""
-        subs: dict[str, type] = {topology.train_queue(m): TrainTask for m in self.cfg.tiers}
+        subs = {topology.train_queue(m): Subscription(TrainTask, self.on_task) for m in self.cfg.tiers}
         if self.cfg.profile_queue:
-            subs[topology.PROFILE_QUEUE] = TrainTask
+            subs[topology.PROFILE_QUEUE] = Subscription(TrainTask, self.on_task)
         return subs
 
-    def handle(self, inbound: Inbound, now: float) -> Effects:
+    def on_task(self, state: None, inbound: Inbound, now: float, held) -> tuple[None, Effects]:
         """Train one task and publish the update."""
+        return state, self._train(inbound, now)
+
+    def _train(self, inbound: Inbound, now: float) -> Effects:
         task: TrainTask = inbound.message
         if not 0 <= task.client < len(self.clients):
             raise Reject(f"unknown client {task.client}: this experiment has {len(self.clients)} clients")

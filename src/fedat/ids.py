@@ -1,0 +1,89 @@
+"""Every message id and timer key, built and parsed in one place: dedupe and timers depend on them being exact.
+
+Ids are deterministic (a re-sent message keeps its id); `docs/wire-format.md` §3 lists them for other languages.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+
+def task(tier: int, round_: int, client: int, version: int) -> str:
+    """A round's train task for one client, carrying global model `version`."""
+    return f"t{tier}-r{round_}-c{client}-v{version}"
+
+
+def profile_task(client: int) -> str:
+    """The profiling task of a client."""
+    return f"p-c{client}"
+
+
+def update(task_id: str) -> str:
+    """The answer to a task."""
+    return f"u-{task_id}"
+
+
+def tier_model(tier: int, round_: int) -> str:
+    """The merge of one tier round."""
+    return f"tm{tier}-r{round_}"
+
+
+def global_model(version: int) -> str:
+    """A global model version (g0 is the seed)."""
+    return f"g{version}"
+
+
+def assignment(epoch: int) -> str:
+    """A tier assignment."""
+    return f"a{epoch}"
+
+
+def round_report(tier: int, round_: int) -> str:
+    """The latencies of a closed round."""
+    return f"rr{tier}-r{round_}"
+
+
+def late_report(update_id: str) -> str:
+    """The latency of an answer that came after its round closed."""
+    return f"late-{update_id}"
+
+
+def evaluation(version: int) -> str:
+    """The scores of a global model version."""
+    return f"e{version}"
+
+
+# --- timers -----------------------------------------------------------------------------------------------------
+DEADLINE = "deadline"  # a round's deadline: close with what arrived, or re-issue
+CLOSE = "close"  # a complete round closes at its last (modelled) arrival
+PROFILE_DEADLINE = "profile-deadline"  # assign tiers among the clients that answered
+
+_ROUND_TIMER = re.compile(r"^(deadline|close):(\d+):(\d+)$")
+
+
+@dataclass(frozen=True)
+class RoundTimer:
+    """A timer of one round: its kind (DEADLINE or CLOSE), tier and round number."""
+
+    kind: str
+    tier: int
+    round: int
+
+
+def round_timer(kind: str, tier: int, round_: int) -> str:
+    """The key of a round's timer."""
+    return f"{kind}:{tier}:{round_}"
+
+
+def parse_round_timer(key: str) -> RoundTimer:
+    """The round timer a key names; ValueError for any other key."""
+    m = _ROUND_TIMER.match(key)
+    if m is None:
+        raise ValueError(f"not a round timer key: {key!r}")
+    return RoundTimer(m.group(1), int(m.group(2)), int(m.group(3)))
+
+
+def timer_kind(key: str) -> str:
+    """The kind of any timer key (what comes before the first ':'), for metrics labels."""
+    return key.split(":", 1)[0]
