@@ -55,12 +55,31 @@ def get_floats(env: Mapping[str, str], name: str, default: tuple[float, ...]) ->
 
 
 def broker(env: Mapping[str, str], prefetch: int):
-    """The broker section every service shares."""
-    from fedat.bus import BrokerConfig
+    """The broker section every service shares: where, how (TLS), whether to declare, and the signing keys.
 
+    Signing is required: a process without keys refuses to start unless FEDAT_SIGNING=off says on purpose that
+    it runs against a development broker where nobody signs.
+    """
+    from fedat import signing
+    from fedat.bus import BrokerConfig
+    from fedat.tls import tls_from_env
+
+    keyring = signing.keyring_from_env(env)
+    if keyring is None and get_str(env, "FEDAT_SIGNING", "on") != "off":
+        raise ConfigError(
+            "no signing keys: set FEDAT_SIGNING_SECRET_FILE, FEDAT_SIGNING_SECRET or FEDAT_KEYRING_FILE "
+            "(or FEDAT_SIGNING=off for a development broker where nobody signs)"
+        )
+    try:
+        tls = tls_from_env(env)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     return BrokerConfig(
         url=get_str(env, "FEDAT_AMQP_URL", BrokerConfig.url),
         num_tiers=get_int(env, "FEDAT_NUM_TIERS", 5),
         prefetch=get_int(env, "FEDAT_PREFETCH", prefetch),
         max_message_bytes=get_int(env, "FEDAT_MAX_MESSAGE_BYTES", BrokerConfig.max_message_bytes),
+        tls=tls,
+        declare=get_int(env, "FEDAT_DECLARE_TOPOLOGY", 1) == 1,
+        keyring=keyring,
     )

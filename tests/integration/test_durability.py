@@ -1,0 +1,129 @@
+"""Restarts on the real broker: a new service object knows only what the broker kept, and carries on exactly."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from fedat import checkpoint, topology
+from fedat.bus import BrokerStore
+from fedat.wire import GlobalModel, decode_model, encode
+from fedat_aggregator.aggregator import Aggregator, AggregatorConfig
+from fedat_aggregator.barrier import Barrier, BarrierConfig, Phase
+from fedat_aggregator.strategy import STRATEGIES
+from fedat_profiler.profiler import Profiler, ProfilerConfig, Stage
+
+from ..factories import answer
+from .broker import channel, fetch, fetch_n, publish, running
+from .test_pipeline import start_tier
+
+pytestmark = pytest.mark.broker
+
+
+def barrier() -> Barrier:
+    cfg = BarrierConfig(tiers=(1,), codec="raw", tier_codec="raw", clients_per_round=3, min_clients=3, min_deadline=60)
+    return Barrier(cfg, STRATEGIES["fedat"])
+
+
+def aggregator() -> Aggregator:
+    return Aggregator(AggregatorConfig(num_tiers=1, codec="raw"), STRATEGIES["fedat"])
+
+
+def versions_until(url: str, version: int) -> list[GlobalModel]:
+    out: list[GlobalModel] = []
+    while not out or out[-1].version < version:
+        g = fetch(url, topology.RECORDER_GLOBAL, timeout=30)
+        assert g is not None, f"no global model {version} (saw {[x.version for x in out]})"
+        out.append(g)
+    return out
+
+
+def saved_state(url: str, service):
+    """The service's state as its latest checkpoint holds it."""
+    with channel(url, 1) as ch:
+        return service.codec.decode(BrokerStore(service.name).load(ch).state)
+
+
+def test_a_barrier_restarted_mid_round_keeps_the_round_and_merges_each_update_once(vhost_url):
+    with running(aggregator(), vhost_url, 1):
+        with running(barrier(), vhost_url, 1):
+            start_tier(vhost_url, (0, 1, 2, 3))
+            tasks = fetch_n(vhost_url, topology.train_queue(1), 3)
+            for t in tasks[:2]:
+                publish(vhost_url, topology.RESULTS, topology.tier_key(1), answer(t, float(t.client), 1), 1)
+            time.sleep(1.0)  # held, unacked
+        # The process is gone: what survives is the checkpoint and the two unacked updates.
+        state = saved_state(vhost_url, barrier())
+        assert state.rounds[(1, 1)].phase is Phase.COLLECTING and state.model.version == 0
+        with channel(vhost_url, 1) as ch:  # back in the queue, ready for whoever consumes it next
+            assert ch.queue_declare(topology.barrier_queue(1), passive=True).method.message_count == 2
+        with running(barrier(), vhost_url, 1):  # a new object: everything it knows comes from the broker
+            publish(vhost_url, topology.RESULTS, topology.tier_key(1), answer(tasks[2], float(tasks[2].client), 1), 1)
+            publish(vhost_url, topology.RESULTS, topology.tier_key(1), answer(tasks[0], 99.0, 1), 1)  # a late copy
+            g = versions_until(vhost_url, 1)[-1]
+            assert g.updates == 3 and g.merged == ((1, 1),)
+            np.testing.assert_allclose(decode_model(g.layers)[0], np.mean([t.client for t in tasks]), rtol=1e-6)
+            # The restart re-sent the outputs of the last saved transition (round 1's tasks: same ids, so a worker's
+            # second answer is dropped as a copy); round 1 was not re-opened with other clients, round 2 follows.
+            again = fetch_n(vhost_url, topology.train_queue(1), 3)
+            assert sorted(t.id for t in again) == sorted(t.id for t in tasks)
+            nxt = fetch_n(vhost_url, topology.train_queue(1), 3)
+            assert {t.round for t in nxt} == {2} and {t.version for t in nxt} == {1}
+        assert fetch(vhost_url, topology.train_queue(1), timeout=1) is None
+
+
+def test_a_restarted_aggregator_continues_the_version_sequence(vhost_url):
+    with running(barrier(), vhost_url, 1):
+        with running(aggregator(), vhost_url, 1):
+            start_tier(vhost_url, (0, 1, 2))
+            for t in fetch_n(vhost_url, topology.train_queue(1), 3):
+                publish(vhost_url, topology.RESULTS, topology.tier_key(1), answer(t, 1.0, 1), 1)
+            first = versions_until(vhost_url, 1)
+        assert saved_state(vhost_url, aggregator()).version == 1
+        with running(aggregator(), vhost_url, 1):
+            for t in fetch_n(vhost_url, topology.train_queue(1), 3):
+                publish(vhost_url, topology.RESULTS, topology.tier_key(1), answer(t, 3.0, 1), 1)
+            second = versions_until(vhost_url, 2)
+    by_version: dict[int, set] = {}
+    for g in first + second:  # a restart re-sends the last version it saved: a copy, same id and same content
+        by_version.setdefault(g.version, set()).add((g.id, g.merged, tuple(layer.data for layer in g.layers)))
+    assert sorted(by_version) == [0, 1, 2] and all(len(v) == 1 for v in by_version.values())
+    assert second[-1].tier_counts == (2,) and second[-1].updates == 6
+
+
+def test_a_checkpoints_outbox_is_sent_again_on_start(vhost_url):
+    """A crash between saving and publishing: the restarted service re-sends what the transition decided."""
+    a = aggregator()
+    g = GlobalModel("g7", 7, 1, 7, ((1, 7),), (7,), (7,), (1.0,), 0, 0, 0, 7, 0.0, ())
+    sent = checkpoint.Sent(topology.GLOBAL, "", g.kind, g.id, encode(g))
+    with channel(vhost_url, 1) as ch:
+        state = a.codec.encode(a.initial())
+        BrokerStore(a.name).save(ch, checkpoint.Checkpoint(a.name, 5, 0.0, state, (sent,)))
+    with running(a, vhost_url, 1):
+        assert fetch(vhost_url, topology.RECORDER_GLOBAL).id == "g7"
+    with channel(vhost_url, 1) as ch:
+        assert BrokerStore(a.name).load(ch).seq == 5  # restoring does not consume the checkpoint
+
+
+def test_a_profiler_restarted_mid_profiling_does_not_start_over(vhost_url):
+    cfg = ProfilerConfig(num_clients=4, num_tiers=2, concurrency=2)
+    with running(Profiler(cfg), vhost_url, 2):
+        first = fetch_n(vhost_url, topology.PROFILE_QUEUE, 2)
+        publish(vhost_url, topology.RESULTS, topology.PROFILE_KEY, answer(first[0], 0.0, 1, first[0].sent_at + 1), 2)
+        third = fetch(vhost_url, topology.PROFILE_QUEUE)
+        assert third is not None
+    state = saved_state(vhost_url, Profiler(cfg))
+    assert state.stage is Stage.PROFILING and set(state.latency) == {first[0].client}
+    with running(Profiler(cfg), vhost_url, 2):
+        (copy,) = fetch_n(vhost_url, topology.PROFILE_QUEUE, 1)
+        assert copy.id == third.id  # the last saved transition's output, re-sent on restart
+        for t in (first[1], third):
+            publish(vhost_url, topology.RESULTS, topology.PROFILE_KEY, answer(t, 0.0, 1, t.sent_at + 2), 2)
+        (last,) = fetch_n(vhost_url, topology.PROFILE_QUEUE, 1)
+        assert last.client not in {first[0].client, first[1].client, third.client}  # nobody profiled twice
+        publish(vhost_url, topology.RESULTS, topology.PROFILE_KEY, answer(last, 0.0, 1, last.sent_at + 3), 2)
+        a = fetch(vhost_url, topology.BARRIER_ASSIGNMENTS)
+        assert a is not None and a.epoch == 1 and sorted(c for t in a.tiers for c in t) == [0, 1, 2, 3]
+    assert fetch(vhost_url, topology.BARRIER_ASSIGNMENTS, timeout=1) is None  # one epoch, not two
