@@ -133,8 +133,11 @@ def fake_clients(url: str, payload, tiers: int, stop) -> None:
     conn.close()
 
 
-def aggregator_side(url: str, versions: int = 60, tiers: int = 5, per_round: int = 10) -> float:
-    """Updates/s merged by barrier + aggregator (5 tiers, as in the main job) for CNN-sized polyline updates."""
+def aggregator_side(url: str, versions: int = 60, tiers: int = 5, per_round: int = 10, persist: bool = True) -> float:
+    """Updates/s merged by barrier + aggregator (5 tiers, as in the main job) for CNN-sized polyline updates.
+
+    With `persist`, both save a checkpoint before each output leaves (as deployed); without, state is memory only.
+    """
     from fedat_aggregator.aggregator import Aggregator, AggregatorConfig
     from fedat_aggregator.barrier import Barrier, BarrierConfig
     from fedat_aggregator.strategy import STRATEGIES
@@ -152,7 +155,7 @@ def aggregator_side(url: str, versions: int = 60, tiers: int = 5, per_round: int
     assignment = TierAssignment(
         id="a1", epoch=1, tiers=groups, latencies={c: 0.1 for g in groups for c in g}, created_at=time.time()
     )
-    with running(b, url, tiers, prefetch=400), running(a, url, tiers):
+    with running(b, url, tiers, prefetch=400, persist=persist), running(a, url, tiers, persist=persist):
         clients.start()
         publish(url, topology.CONTROL, "", assignment, num_tiers=tiers)
         publish(url, topology.GLOBAL, "", seed(tiers, CNN_SHAPES, time.time()), num_tiers=tiers)

@@ -41,6 +41,9 @@ RECORDER_EVENTS = "fedat.recorder.events"
 OBSERVER_MAX_LENGTH = 8
 # A message that crashes its consumer this many times is dead-lettered by the broker (reason delivery_limit).
 DELIVERY_LIMIT = 5
+# The barrier holds a round's updates unacked, and RabbitMQ 3.x counts every return of a held message (its consumer
+# restarted or reconnected) as a delivery: a valid update must survive many barrier restarts, so its limit is higher.
+HELD_DELIVERY_LIMIT = 50
 DEAD_LETTER_MAX_LENGTH = 10_000
 
 HEADER_REASON = "x-fedat-reason"
@@ -76,12 +79,12 @@ class Queue:
     arguments: dict[str, Any] = field(default_factory=dict)
 
 
-def _work_queue(name: str, *bindings: tuple[str, str]) -> Queue:
+def _work_queue(name: str, *bindings: tuple[str, str], delivery_limit: int = DELIVERY_LIMIT) -> Queue:
     # Quorum: survives broker restarts even for transient messages, counts deliveries, dead-letters poison.
     return Queue(
         name,
         bindings,
-        {"x-queue-type": "quorum", "x-dead-letter-exchange": DLX, "x-delivery-limit": DELIVERY_LIMIT},
+        {"x-queue-type": "quorum", "x-dead-letter-exchange": DLX, "x-delivery-limit": delivery_limit},
     )
 
 
@@ -118,7 +121,7 @@ def queues(num_tiers: int) -> tuple[Queue, ...]:
     per_tier = []
     for m in range(1, num_tiers + 1):
         per_tier.append(_work_queue(train_queue(m), (TRAIN, tier_key(m))))
-        per_tier.append(_work_queue(barrier_queue(m), (RESULTS, tier_key(m))))
+        per_tier.append(_work_queue(barrier_queue(m), (RESULTS, tier_key(m)), delivery_limit=HELD_DELIVERY_LIMIT))
     return (
         *per_tier,
         _work_queue(PROFILE_QUEUE, (TRAIN, PROFILE_KEY)),

@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from fedat import topology, wire
 from fedat.bus import BrokerConfig, run_service
 from fedat.metrics import transport_metrics
+from fedat.tls import TlsConfig, ssl_options
 
 
 def vhost_of(url: str) -> str:
@@ -21,10 +22,18 @@ def vhost_of(url: str) -> str:
     return unquote(urlparse(url).path[1:])
 
 
+def parameters(url: str, tls: TlsConfig | None = None) -> pika.URLParameters:
+    """Connection parameters for `url`, over verified (mutual) TLS when `tls` is given."""
+    params = pika.URLParameters(url)
+    if tls is not None:
+        params.ssl_options = ssl_options(tls)
+    return params
+
+
 @contextmanager
-def channel(url: str, num_tiers: int = 5):
+def channel(url: str, num_tiers: int = 5, tls: TlsConfig | None = None):
     """A confirm channel on the test vhost with the topology declared."""
-    conn = pika.BlockingConnection(pika.URLParameters(url))
+    conn = pika.BlockingConnection(parameters(url, tls))
     ch = conn.channel()
     ch.confirm_delivery()
     topology.declare(ch, num_tiers)
@@ -34,17 +43,19 @@ def channel(url: str, num_tiers: int = 5):
         conn.close()
 
 
-def publish(url: str, exchange: str, key: str, msg, num_tiers: int = 5, headers=None) -> None:
+def publish(
+    url: str, exchange: str, key: str, msg, num_tiers: int = 5, headers=None, tls: TlsConfig | None = None
+) -> None:
     """Publish a message (or raw bytes) persistently with confirms."""
     body = msg if isinstance(msg, bytes) else wire.encode(msg)
-    with channel(url, num_tiers) as ch:
+    with channel(url, num_tiers, tls) as ch:
         ch.basic_publish(exchange, key, body, pika.BasicProperties(delivery_mode=2, headers=headers), mandatory=True)
 
 
-def fetch(url: str, queue: str, timeout: float = 30.0, raw: bool = False):
+def fetch(url: str, queue: str, timeout: float = 30.0, raw: bool = False, tls: TlsConfig | None = None):
     """Get one message from `queue` (ack it), waiting up to `timeout` seconds; None if nothing came."""
     deadline = time.time() + timeout
-    conn = pika.BlockingConnection(pika.URLParameters(url))
+    conn = pika.BlockingConnection(parameters(url, tls))
     try:
         ch = conn.channel()
         while time.time() < deadline:
@@ -57,12 +68,12 @@ def fetch(url: str, queue: str, timeout: float = 30.0, raw: bool = False):
         conn.close()
 
 
-def fetch_n(url: str, queue: str, n: int, timeout: float = 30.0) -> list:
+def fetch_n(url: str, queue: str, n: int, timeout: float = 30.0, tls: TlsConfig | None = None) -> list:
     """Get exactly n messages from `queue`, failing if fewer arrive in time."""
     out = []
     deadline = time.time() + timeout
     while len(out) < n:
-        msg = fetch(url, queue, timeout=max(0.1, deadline - time.time()))
+        msg = fetch(url, queue, timeout=max(0.1, deadline - time.time()), tls=tls)
         assert msg is not None, f"only {len(out)} of {n} messages arrived on {queue} within {timeout}s"
         out.append(msg)
     return out
@@ -126,12 +137,25 @@ def purge_all(url: str, num_tiers: int = 5) -> None:
 
 
 @contextmanager
-def running(service, url: str, num_tiers: int, prefetch: int = 64, max_message_bytes: int = wire.MAX_MESSAGE_BYTES):
+def running(
+    service,
+    url: str,
+    num_tiers: int,
+    prefetch: int = 64,
+    max_message_bytes: int = wire.MAX_MESSAGE_BYTES,
+    tls: TlsConfig | None = None,
+    persist: bool = True,
+    keyring=None,
+):
     """Run a service against the broker in a background thread for the duration of the block."""
     stop = threading.Event()
-    cfg = BrokerConfig(url=url, num_tiers=num_tiers, prefetch=prefetch, max_message_bytes=max_message_bytes)
+    cfg = BrokerConfig(
+        url=url, num_tiers=num_tiers, prefetch=prefetch, max_message_bytes=max_message_bytes, tls=tls, keyring=keyring
+    )
     metrics = transport_metrics(CollectorRegistry(), service.name)
-    t = threading.Thread(target=run_service, args=(service, cfg, metrics, stop), daemon=True)
+    t = threading.Thread(
+        target=run_service, args=(service, cfg, metrics, stop), kwargs={"persist": persist}, daemon=True
+    )
     t.start()
     deadline = time.time() + 20
     while metrics.connected._value.get() != 1 and time.time() < deadline:
