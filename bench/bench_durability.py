@@ -54,7 +54,7 @@ def main() -> None:
                 broker_admin.delete_vhost(name)
     off, on = statistics.median(rates[False]), statistics.median(rates[True])
     print("\n## Durability: barrier + aggregator, 5 tiers x 10 clients, CNN updates (polyline p=4)\n")
-    print("| checkpoints | updates merged/s (median of %d) |\n|---|---:|" % REPEATS)
+    print(f"| checkpoints | updates merged/s (median of {REPEATS}) |\n|---|---:|")
     print(f"| off (memory only) | {off:.0f} |\n| on (saved before every output) | {on:.0f} |")
     print(f"| **ratio on / off** | **{on / off:.0%}** (target >= 80 %) |")
     print("\n| service | checkpoint bytes | restart to consuming (s) | of which restoring (s) |\n|---|---:|---:|---:|")

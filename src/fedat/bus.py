@@ -257,8 +257,9 @@ class _Session:
         started = time.perf_counter()
         try:
             now = self.runner.clock()
-            inbound = Inbound(queue, self.decode(queue, props, body), method.delivery_tag, bool(method.redelivered),
-                              len(body), now)
+            inbound = Inbound(
+                queue, self.decode(queue, props, body), method.delivery_tag, bool(method.redelivered), len(body), now
+            )
             handler = self.subscriptions[queue].handler
             state, effects = handler(self.runner.state, inbound, now, dict(self.held))
             self.commit(state, effects, inbound)

@@ -43,27 +43,24 @@ class Recorder(Reactive):
     def subscriptions(self) -> dict[str, Subscription]:
         """Global models and evaluation events."""
         return {
-            topology.RECORDER_GLOBAL: Subscription(GlobalModel, self.on_message),
-            topology.RECORDER_EVENTS: Subscription(Evaluation, self.on_message),
+            topology.RECORDER_GLOBAL: Subscription(GlobalModel, self.on_global),
+            topology.RECORDER_EVENTS: Subscription(Evaluation, self.on_evaluation),
         }
 
-    def on_message(self, state: None, inbound: Inbound, now: float, held) -> tuple[None, Effects]:
-        """Append one line."""
-        return state, self._record(inbound)
-
-    def _record(self, inbound: Inbound) -> Effects:
-        msg = inbound.message
+    def on_global(self, state: None, inbound: Inbound, now: float, held) -> tuple[None, Effects]:
+        """One `global` line per version (a redelivered version is ignored)."""
+        msg: GlobalModel = inbound.message
         s = self.state
         with s.lock:
-            if isinstance(msg, GlobalModel):
-                if msg.version in s.bytes_at:
-                    return done(inbound)  # redelivered
-                s.bytes_at[msg.version] = (msg.bytes_up, msg.bytes_down)
-                if msg.version >= s.version:  # observers may see versions out of order: totals follow the newest
-                    s.version, s.tier_counts = msg.version, msg.tier_counts
-                    s.bytes_up, s.bytes_down, s.late, s.updates = msg.bytes_up, msg.bytes_down, msg.late, msg.updates
-                last = s.evaluations[-1] if s.evaluations else {}
-                line = {
+            if msg.version in s.bytes_at:
+                return state, done(inbound)  # redelivered
+            s.bytes_at[msg.version] = (msg.bytes_up, msg.bytes_down)
+            if msg.version >= s.version:  # observers may see versions out of order: totals follow the newest
+                s.version, s.tier_counts = msg.version, msg.tier_counts
+                s.bytes_up, s.bytes_down, s.late, s.updates = msg.bytes_up, msg.bytes_down, msg.late, msg.updates
+            last = s.evaluations[-1] if s.evaluations else {}
+            self._write(
+                {
                     "event": "global",
                     "time": round(msg.created_at - s.started_at, 3),
                     "version": msg.version,
@@ -79,19 +76,29 @@ class Recorder(Reactive):
                     "late": msg.late,
                     "updates": msg.updates,
                 }
-            else:
-                line = {
-                    "event": "evaluation",
-                    "time": round(msg.evaluated_at - s.started_at, 3),
-                    "version": msg.version,
-                    "accuracy": msg.accuracy,
-                    "loss": msg.loss,
-                    "variance": msg.variance,
-                    # Traffic up to the evaluated version, so that accuracy-vs-bytes pairs the right numbers.
-                    "bytes_up": s.bytes_at.get(msg.version, (s.bytes_up, s.bytes_down))[0],
-                    "bytes_down": s.bytes_at.get(msg.version, (s.bytes_up, s.bytes_down))[1],
-                }
-                s.evaluations.append(line)
-            self.out.write(json.dumps(line) + "\n")
-            self.out.flush()
-        return done(inbound)
+            )
+        return state, done(inbound)
+
+    def on_evaluation(self, state: None, inbound: Inbound, now: float, held) -> tuple[None, Effects]:
+        """One `evaluation` line, with the traffic up to the evaluated version."""
+        msg: Evaluation = inbound.message
+        s = self.state
+        with s.lock:
+            line = {
+                "event": "evaluation",
+                "time": round(msg.evaluated_at - s.started_at, 3),
+                "version": msg.version,
+                "accuracy": msg.accuracy,
+                "loss": msg.loss,
+                "variance": msg.variance,
+                # Traffic up to the evaluated version, so that accuracy-vs-bytes pairs the right numbers.
+                "bytes_up": s.bytes_at.get(msg.version, (s.bytes_up, s.bytes_down))[0],
+                "bytes_down": s.bytes_at.get(msg.version, (s.bytes_up, s.bytes_down))[1],
+            }
+            s.evaluations.append(line)
+            self._write(line)
+        return state, done(inbound)
+
+    def _write(self, line: dict) -> None:
+        self.out.write(json.dumps(line) + "\n")
+        self.out.flush()

@@ -229,7 +229,9 @@ def report(rnd: int, latencies: dict[int, float], missing=(), waited=0.0) -> Rou
 def test_a_client_that_slows_down_is_moved_to_a_slower_tier():
     p = Run(
         Profiler(
-            ProfilerConfig(num_clients=4, num_tiers=2, concurrency=4, retier_every=2, drift_fraction=0.2, ewma_alpha=1.0)
+            ProfilerConfig(
+                num_clients=4, num_tiers=2, concurrency=4, retier_every=2, drift_fraction=0.2, ewma_alpha=1.0
+            )
         )
     )
     tasks = [o.message for o in p.on_start(0.0).publish]

@@ -146,14 +146,16 @@ class Barrier:
 
     def subscriptions(self) -> dict[str, Subscription]:
         """Updates of our tiers, global models, tier assignments, evaluations (TiFL)."""
-        subs: dict[str, Subscription] = {topology.barrier_queue(m): Subscription(Update, self.on_update) for m in self.cfg.tiers}
+        subs: dict[str, Subscription] = {
+            topology.barrier_queue(m): Subscription(Update, self.on_update) for m in self.cfg.tiers
+        }
         subs[topology.BARRIER_GLOBAL] = Subscription(GlobalModel, self.on_global)
         subs[topology.BARRIER_ASSIGNMENTS] = Subscription(TierAssignment, self.on_assignment)
         subs[topology.BARRIER_EVALUATIONS] = Subscription(Evaluation, self.on_evaluation)
         return subs
 
     def on_start(self, state: BarrierState, now: float) -> tuple[BarrierState, Effects]:
-        """After a (re)start: re-arm the deadlines of collecting rounds (their updates come back), schedule idle tiers."""
+        """After a (re)start: re-arm collecting rounds' deadlines (their updates come back), schedule idle tiers."""
         grace = self.cfg.redelivery_grace
         timers = tuple(
             (max(r.deadline - now, grace), ids.round_timer(ids.DEADLINE, r.tier, r.number))
@@ -219,7 +221,9 @@ class Barrier:
                 return state, done(inbound) + _observe(DUPLICATES, u.tier)  # a copy of an answer already counted
             return self._late(state, rnd, inbound, u, now)
         if u.base_version != rnd.base_version:
-            raise Reject(f"update {u.id} trained on version {u.base_version}, round {rnd.number} used {rnd.base_version}")
+            raise Reject(
+                f"update {u.id} trained on version {u.base_version}, round {rnd.number} used {rnd.base_version}"
+            )
         if u.n_samples < 1:
             raise Reject(f"update {u.id}: n_samples must be >= 1, got {u.n_samples}")
         arrivals = _arrivals(rnd, held)
@@ -282,13 +286,17 @@ class Barrier:
         if not candidates:
             return state, NOTHING
         number = state.next_round.get(tier, 1)
-        clients = self.strategy.select_clients(candidates, self.cfg.clients_per_round, self._rng("select", tier, number))
+        clients = self.strategy.select_clients(
+            candidates, self.cfg.clients_per_round, self._rng("select", tier, number)
+        )
         rnd = Round(tier, number, state.model.version, now, 0.0, {}, target=len(clients))
         state = replace(state, next_round=_with(state.next_round, tier, number + 1))
         state, effects = self._dispatch(state, rnd, clients, now)
         return state, effects + _observe(OPENED, tier)
 
-    def _dispatch(self, state: BarrierState, rnd: Round, clients: list[int], now: float) -> tuple[BarrierState, Effects]:
+    def _dispatch(
+        self, state: BarrierState, rnd: Round, clients: list[int], now: float
+    ) -> tuple[BarrierState, Effects]:
         latencies = state.assignment.latencies
         slowest = max((latencies.get(c, 0.0) for c in clients), default=0.0)
         deadline = now + max(self.cfg.min_deadline, self.cfg.deadline_factor * slowest)
@@ -442,7 +450,9 @@ class Barrier:
     def _rng(self, *key) -> np.random.Generator:
         # Every random choice is drawn from its own seed (round, re-issue, purpose): a restored barrier, or a replay,
         # draws exactly the same clients, and the state needs no generator.
-        words = [self.cfg.seed, 0xBA77] + [int.from_bytes(k.encode(), "little") if isinstance(k, str) else k for k in key]
+        words = [self.cfg.seed, 0xBA77] + [
+            int.from_bytes(k.encode(), "little") if isinstance(k, str) else k for k in key
+        ]
         return np.random.default_rng(words)
 
 
