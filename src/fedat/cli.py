@@ -1,10 +1,13 @@
-"""The `fedat` command: `fedat run EXPERIMENT.yaml`, `fedat compare COMPARISON.yaml`, `fedat tabulate`."""
+"""The `fedat` command: `fedat run EXPERIMENT.yaml`, `fedat compare COMPARISON.yaml`, `fedat tabulate`,
+`fedat provision` (vhost, least-privilege users and topology through the management API)."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+from collections import Counter
 from pathlib import Path
 
 from fedat.run import load_experiment, run
@@ -25,11 +28,19 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--results", type=Path, default=Path("results"))
     t = sub.add_parser("tabulate", help="rewrite a finished comparison's tables and plots from its compare.json")
     t.add_argument("results_dir", type=Path)
+    _provision_parser(sub)
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     try:
         if args.command == "run":
-            run(load_experiment(args.experiment), args.results, args.minutes, args.amqp_url)
+            from fedat.provision import ProvisionError
+
+            try:
+                run(load_experiment(args.experiment), args.results, args.minutes, args.amqp_url)
+            except ProvisionError as exc:
+                sys.exit(f"fedat run: could not provision the broker: {exc}")
+        elif args.command == "provision":
+            provision_command(args, p)
         elif args.command == "tabulate":
             from fedat.compare_run import tabulate
 
@@ -40,6 +51,116 @@ def main(argv: list[str] | None = None) -> None:
             compare(args.comparison, args.results, args.minutes)
     except KeyboardInterrupt:
         sys.exit(130)
+
+
+def _provision_parser(sub) -> None:
+    env = os.environ
+    from fedat.provision import DEFAULT_API_URL
+
+    v = sub.add_parser(
+        "provision",
+        help="create (or check) a vhost, one least-privilege user per role and the whole topology",
+        description="Idempotent: running it again changes nothing. Every option also comes from the environment "
+        "(in brackets), so that it can run as a Kubernetes Job. Passwords are never printed.",
+    )
+    v.add_argument("--api-url", default=env.get("FEDAT_MANAGEMENT_URL", DEFAULT_API_URL), help="[FEDAT_MANAGEMENT_URL]")
+    v.add_argument("--admin-user", default=env.get("FEDAT_ADMIN_USER", "guest"), help="[FEDAT_ADMIN_USER]")
+    v.add_argument(
+        "--admin-password-file",
+        type=Path,
+        default=env.get("FEDAT_ADMIN_PASSWORD_FILE"),
+        help="[FEDAT_ADMIN_PASSWORD_FILE]; or the password itself in FEDAT_ADMIN_PASSWORD",
+    )
+    v.add_argument("--vhost", default=env.get("FEDAT_VHOST"), help="[FEDAT_VHOST] (required)")
+    v.add_argument("--num-tiers", type=int, default=env.get("FEDAT_NUM_TIERS", "5"), help="[FEDAT_NUM_TIERS]")
+    v.add_argument(
+        "--credentials-out",
+        type=Path,
+        default=env.get("FEDAT_CREDENTIALS_OUT"),
+        help="[FEDAT_CREDENTIALS_OUT] JSON file (mode 0600) of role -> username, password, amqp_url; the passwords "
+        "of an existing file are kept",
+    )
+    v.add_argument("--user-prefix", default=env.get("FEDAT_USER_PREFIX"), help="[FEDAT_USER_PREFIX] default '<vhost>-'")
+    v.add_argument(
+        "--password-dir",
+        type=Path,
+        default=env.get("FEDAT_PASSWORD_DIR"),
+        help="[FEDAT_PASSWORD_DIR] a file per role (named after the role) holding its password; others are generated",
+    )
+    v.add_argument(
+        "--amqp-host", default=env.get("FEDAT_AMQP_HOST"), help="[FEDAT_AMQP_HOST] host:port in the URLs written out"
+    )
+    v.add_argument(
+        "--roles",
+        default=env.get("FEDAT_ROLES", ""),
+        help="[FEDAT_ROLES] comma-separated roles to create users for (default: every service role)",
+    )
+    v.add_argument("--delete", action="store_true", help="delete the vhost and the users instead")
+
+
+def provision_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """`fedat provision`: print what was created, updated or deleted (never a password)."""
+    from fedat.provision import ProvisionError
+
+    try:
+        _provision(args, parser)
+    except (ProvisionError, ValueError, OSError) as exc:
+        sys.exit(f"fedat provision failed: {exc}")
+
+
+def _provision(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    from fedat import provision as prov
+    from fedat.roles import ROLES, SERVICE_ROLES
+
+    if not args.vhost:
+        parser.error("provision: --vhost (or FEDAT_VHOST) is required")
+    if args.admin_password_file:
+        admin_password = Path(args.admin_password_file).read_text().strip()
+    elif os.environ.get("FEDAT_ADMIN_PASSWORD"):
+        admin_password = os.environ["FEDAT_ADMIN_PASSWORD"]
+    else:
+        parser.error("provision: give --admin-password-file, FEDAT_ADMIN_PASSWORD_FILE or FEDAT_ADMIN_PASSWORD")
+    prefix = f"{args.vhost}-" if args.user_prefix is None else args.user_prefix
+    wanted = [r.strip() for r in args.roles.split(",") if r.strip()] or list(SERVICE_ROLES)
+    unknown = sorted(set(wanted) - set(ROLES))
+    if unknown:
+        parser.error(f"provision: unknown role(s) {unknown}; roles: {', '.join(ROLES)}")
+    counts: Counter[str] = Counter()
+
+    def report(outcome: str, what: str) -> None:
+        counts[outcome] += 1
+        if outcome != "unchanged":
+            print(f"{outcome:9s} {what}", flush=True)
+
+    names = prov.usernames(prefix, ROLES if args.delete else wanted)
+    if args.delete:
+        prov.deprovision(args.api_url, args.admin_user, admin_password, args.vhost, names.values(), report=report)
+        return
+    if not args.credentials_out:
+        parser.error("provision: --credentials-out (or FEDAT_CREDENTIALS_OUT) is required")
+    previous = prov.read_credentials(args.credentials_out)
+    pw = prov.passwords(wanted, args.password_dir, previous)
+    users = {role: (names[role], pw[role]) for role in wanted}
+    urls = prov.role_urls(args.api_url, args.vhost, users, args.amqp_host)
+    # Written before the broker is touched: a provisioning that fails half-way is retried with the same passwords.
+    prov.write_credentials(
+        args.credentials_out,
+        {role: {"username": users[role][0], "password": users[role][1], "amqp_url": urls[role]} for role in wanted},
+    )
+    prov.provision(
+        args.api_url,
+        args.admin_user,
+        admin_password,
+        args.vhost,
+        args.num_tiers,
+        users,
+        amqp_host=args.amqp_host,
+        report=report,
+    )
+    print(f"unchanged {counts['unchanged']} objects", flush=True)
+    for role in wanted:
+        print(f"role {role:10s} {prov.redact(urls[role])}", flush=True)
+    print(f"credentials of {len(wanted)} users written to {args.credentials_out} (mode 0600)", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,9 @@
-"""`fedat run`: start every service as a local process on a fresh vhost, follow the run, write results/<run-id>/."""
+"""`fedat run`: start every service as a local process on a fresh vhost, follow the run, write results/<run-id>/.
+
+Unless given a broker URL, the run provisions a fresh vhost through the management API (`fedat.provision`): the
+topology, and one least-privilege user per role named `<vhost>-<role>`. Each service connects as its role's user
+and does not declare the topology (`FEDAT_DECLARE_TOPOLOGY=0`); the vhost and the users are deleted at the end.
+"""
 
 from __future__ import annotations
 
@@ -6,23 +11,29 @@ import ctypes
 import json
 import logging
 import os
+import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from fedat import broker_admin
+from fedat import provision as prov
+from fedat import signing
 from fedat.bus import BrokerConfig, run_service
 from fedat.metrics import transport_metrics
 from fedat.recorder import Recorder, RunState
+from fedat.roles import SERVICE_ROLES
 
 log = logging.getLogger("fedat.run")
 PR_SET_PDEATHSIG = 1
@@ -35,6 +46,15 @@ SERVICES = {
     "evaluator": "fedat_worker.evaluator_main",
     "seed": "fedat_worker.seed_main",
 }
+
+# Read by `fedat run` only, to provision its vhost; never passed on to a service.
+MANAGEMENT_ENV = (
+    "FEDAT_MANAGEMENT_URL",
+    "FEDAT_ADMIN_USER",
+    "FEDAT_ADMIN_PASSWORD",
+    "FEDAT_ADMIN_PASSWORD_FILE",
+    "FEDAT_AMQP_HOST",
+)
 
 
 @dataclass(frozen=True)
@@ -99,7 +119,7 @@ class Processes:
         logdir.mkdir(parents=True, exist_ok=True)
 
     def start(self, name: str, module: str, extra: dict[str, str] | None = None) -> subprocess.Popen:
-        """Start one service."""
+        """Start one service (`extra`: its own variables, e.g. its role's FEDAT_AMQP_URL)."""
         logf = open(self.logdir / f"{name}.log", "ab")  # noqa: SIM115 — closed in stop()
         env = {**self.env, **(extra or {})}
         p = subprocess.Popen(
@@ -159,6 +179,91 @@ def wait_connected(ports: list[int], procs: Processes, timeout: float) -> None:
     raise RuntimeError(f"services did not connect within {timeout:.0f}s")
 
 
+class Broker:
+    """The broker side of one run: a role's AMQP URL, its signing keys, and whether its services declare the topology.
+
+    Without a URL, `open` provisions a fresh vhost with one user per role (management API); `close` deletes them.
+    Every run gets a fresh signing secret; each role's process receives only its own keys (`keys_for_role`), in a
+    keyring file in a private temporary folder that `close` removes."""
+
+    def __init__(self, amqp_url: str | None, num_tiers: int):
+        self.given = amqp_url
+        self.num_tiers = num_tiers
+        self.vhost: str | None = None
+        self.urls: dict[str, str] = {}
+        self.management: tuple[str, str, str] | None = None
+        self.secret = secrets.token_bytes(32)
+        self.keys_dir: str | None = None
+
+    def keyring_file(self, role: str) -> str:
+        """The file holding `role`'s keys (written on first use, mode 0600)."""
+        if self.keys_dir is None:
+            self.keys_dir = tempfile.mkdtemp(prefix="fedat-keys-")
+        path = Path(self.keys_dir) / f"{role}.json"
+        if not path.exists():
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                json.dump(signing.keys_for_role(self.secret, role), f)
+        return str(path)
+
+    def keyring(self, role: str) -> signing.Keyring:
+        """`role`'s keys, for a service run inside this process (the recorder)."""
+        return signing.Keyring.from_mapping(signing.keys_for_role(self.secret, role))
+
+    def open(self) -> None:
+        """Provision the vhost and the users (unless a URL was given); on failure, remove what was made."""
+        if self.given is not None:
+            return
+        self.management = _management(os.environ)
+        self.vhost = f"fedat-run-{uuid.uuid4().hex[:8]}"
+        users = {role: (f"{self.vhost}-{role}", secrets.token_urlsafe(24)) for role in SERVICE_ROLES}
+        try:
+            host = os.environ.get("FEDAT_AMQP_HOST")  # default: the management API's host, port 5672
+            self.urls = prov.provision(*self.management, self.vhost, self.num_tiers, users, amqp_host=host)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def declare(self) -> bool:
+        """Services declare the topology only on a broker URL given by the caller (as before provisioning)."""
+        return self.given is not None
+
+    def url(self, role: str) -> str:
+        """The AMQP URL `role`'s services connect with."""
+        return self.given if self.given is not None else self.urls[role]
+
+    def env(self, role: str) -> dict[str, str]:
+        """The variables that tell a service of `role` where and how to connect, and with which keys to sign."""
+        return {
+            "FEDAT_AMQP_URL": self.url(role),
+            "FEDAT_DECLARE_TOPOLOGY": "1" if self.declare else "0",
+            "FEDAT_KEYRING_FILE": self.keyring_file(role),
+        }
+
+    def close(self) -> None:
+        """Delete the keys, the provisioned vhost and users (nothing if a URL was given); never raises."""
+        if self.keys_dir is not None:
+            shutil.rmtree(self.keys_dir, ignore_errors=True)
+            self.keys_dir = None
+        if self.vhost is None or self.management is None:
+            return
+        names = [f"{self.vhost}-{role}" for role in SERVICE_ROLES]
+        try:
+            prov.deprovision(*self.management, self.vhost, names)
+        except Exception as exc:  # the run's results matter more than the clean-up: say what is left
+            print(f"[fedat] could not delete vhost {self.vhost} and its users {names}: {exc}", flush=True)
+        self.vhost = None
+
+
+def _management(env: Mapping[str, str]) -> tuple[str, str, str]:
+    """(API URL, admin user, admin password) from FEDAT_MANAGEMENT_URL, FEDAT_ADMIN_USER, FEDAT_ADMIN_PASSWORD(_FILE);
+    the local broker's guest by default."""
+    pw_file = env.get("FEDAT_ADMIN_PASSWORD_FILE")
+    password = Path(pw_file).read_text().strip() if pw_file else env.get("FEDAT_ADMIN_PASSWORD", "guest")
+    return env.get("FEDAT_MANAGEMENT_URL", prov.DEFAULT_API_URL), env.get("FEDAT_ADMIN_USER", "guest"), password
+
+
 def run(
     exp: Experiment, results: Path, minutes: float | None = None, amqp_url: str | None = None, tag: str = ""
 ) -> dict:
@@ -166,16 +271,14 @@ def run(
     run_id = tag or f"{time.strftime('%Y%m%d-%H%M%S')}-{exp.name}-{uuid.uuid4().hex[:4]}"
     out = results / run_id
     out.mkdir(parents=True)
-    vhost = None
-    if amqp_url is None:
-        vhost = f"fedat-run-{uuid.uuid4().hex[:8]}"
-        amqp_url = broker_admin.create_vhost(vhost)
+    num_tiers = int(exp.settings.get("num_tiers", 5))
+    broker = Broker(amqp_url, num_tiers)
+    broker.open()
     minutes = exp.minutes if minutes is None else minutes
     started = time.time()
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if k not in MANAGEMENT_ENV},
         **exp.env(),
-        "FEDAT_AMQP_URL": amqp_url,
         "FEDAT_RUN_START": str(started),
         "TF_CPP_MIN_LOG_LEVEL": "2",
     }
@@ -186,14 +289,20 @@ def run(
     state = RunState(started_at=started)
     stop = threading.Event()
     events = open(out / "events.jsonl", "w")  # noqa: SIM115 — closed below
-    broker = BrokerConfig(url=amqp_url, num_tiers=int(exp.settings.get("num_tiers", 5)), prefetch=16)
+    recorder_broker = BrokerConfig(
+        url=broker.url("recorder"),
+        num_tiers=num_tiers,
+        prefetch=16,
+        declare=broker.declare,
+        keyring=broker.keyring("recorder"),
+    )
     recorder = threading.Thread(
         target=run_service,
-        args=(Recorder(state, events), broker, transport_metrics(_registry(), "recorder"), stop),
+        args=(Recorder(state, events), recorder_broker, transport_metrics(_registry(), "recorder"), stop),
         daemon=True,
     )
     failure = None
-    # Stop like Ctrl-C: services stopped, vhost deleted, summary written.
+    # Stop like Ctrl-C: services stopped, vhost and users deleted, summary written.
     interrupted = False
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -201,11 +310,11 @@ def run(
         port = 19100
         ports = []
         for i in range(exp.workers):
-            procs.start(f"worker-{i}", SERVICES["worker"], {"FEDAT_METRICS_PORT": str(port)})
+            procs.start(f"worker-{i}", SERVICES["worker"], {**broker.env("worker"), "FEDAT_METRICS_PORT": str(port)})
             ports.append(port)
             port += 1
         for name in ("evaluator", "aggregator", "barrier"):
-            procs.start(name, SERVICES[name], {"FEDAT_METRICS_PORT": str(port)})
+            procs.start(name, SERVICES[name], {**broker.env(name), "FEDAT_METRICS_PORT": str(port)})
             ports.append(port)
             port += 1
         print(f"[fedat] run {run_id}: starting {exp.workers} workers, evaluator, aggregator, barrier ...", flush=True)
@@ -213,8 +322,8 @@ def run(
         with state.lock:  # the clock of events.jsonl starts with the profiling pass, not with process start-up
             state.started_at = time.time()
         # Profiling starts only now, so that worker start-up does not count as client latency.
-        procs.start("profiler", SERVICES["profiler"], {"FEDAT_METRICS_PORT": str(port)})
-        procs.start("seed", SERVICES["seed"], {"FEDAT_METRICS_PORT": "0"})
+        procs.start("profiler", SERVICES["profiler"], {**broker.env("profiler"), "FEDAT_METRICS_PORT": str(port)})
+        procs.start("seed", SERVICES["seed"], {**broker.env("seed"), "FEDAT_METRICS_PORT": "0"})
         t0 = time.time()
         print(f"[fedat] running for {minutes:g} min; results in {out}", flush=True)
         while time.time() - t0 < minutes * 60:
@@ -233,8 +342,7 @@ def run(
         stop.set()
         recorder.join(timeout=10)
         events.close()
-        if vhost:
-            broker_admin.delete_vhost(vhost)
+        broker.close()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     summary = summarize(exp, state, time.time() - started)

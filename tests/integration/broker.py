@@ -44,10 +44,21 @@ def channel(url: str, num_tiers: int = 5, tls: TlsConfig | None = None):
 
 
 def publish(
-    url: str, exchange: str, key: str, msg, num_tiers: int = 5, headers=None, tls: TlsConfig | None = None
+    url: str,
+    exchange: str,
+    key: str,
+    msg,
+    num_tiers: int = 5,
+    headers=None,
+    tls: TlsConfig | None = None,
+    keyring=None,
 ) -> None:
-    """Publish a message (or raw bytes) persistently with confirms."""
+    """Publish a message (or raw bytes) persistently with confirms; signed as its expected signer with a keyring."""
     body = msg if isinstance(msg, bytes) else wire.encode(msg)
+    if keyring is not None:
+        from fedat import signing
+
+        headers = {**(headers or {}), **signing.sign(keyring, msg, body)}
     with channel(url, num_tiers, tls) as ch:
         ch.basic_publish(exchange, key, body, pika.BasicProperties(delivery_mode=2, headers=headers), mandatory=True)
 

@@ -21,12 +21,12 @@ from .broker import close_connections, fetch, fetch_n, publish, queue_types, run
 pytestmark = pytest.mark.broker
 
 
-def start_tier(url: str, clients: tuple[int, ...], shapes=SHAPES) -> None:
+def start_tier(url: str, clients: tuple[int, ...], shapes=SHAPES, keyring=None) -> None:
     assignment = TierAssignment(
         id="a1", epoch=1, tiers=(clients,), latencies={c: 0.1 for c in clients}, created_at=time.time()
     )
-    publish(url, topology.CONTROL, "", assignment, num_tiers=1)
-    publish(url, topology.GLOBAL, "", seed(1, shapes, time.time()), num_tiers=1)
+    publish(url, topology.CONTROL, "", assignment, num_tiers=1, keyring=keyring)
+    publish(url, topology.GLOBAL, "", seed(1, shapes, time.time()), num_tiers=1, keyring=keyring)
 
 
 def barrier(**kw) -> Barrier:

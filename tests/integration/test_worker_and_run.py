@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from fedat import topology
+from fedat.signing import Keyring
 
 from .broker import fetch, queue_counts, running
 from .test_pipeline import aggregator, barrier, start_tier
@@ -21,9 +22,14 @@ pytestmark = [pytest.mark.broker, pytest.mark.tf, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 
 
+SECRET = bytes(range(32, 64))  # a test deployment's signing secret: every message below is signed and verified
+KEYRING = Keyring.from_secret(SECRET)
+
+
 def worker_env(url: str) -> dict[str, str]:
     return {
         **os.environ,
+        "FEDAT_SIGNING_SECRET": SECRET.hex(),
         "FEDAT_AMQP_URL": url,
         "FEDAT_NUM_TIERS": "1",
         "FEDAT_NUM_CLIENTS": "4",
@@ -60,10 +66,13 @@ def test_a_worker_killed_mid_task_loses_nothing_and_counts_nothing_twice(vhost_u
     queue = topology.train_queue(1)
     # Enough epochs that the task is surely still training when the worker is killed.
     with (
-        running(barrier(clients_per_round=2, min_clients=2, epochs=3000, min_deadline=900), vhost_url, 1),
-        running(aggregator(), vhost_url, 1),
+        running(
+            barrier(clients_per_round=2, min_clients=2, epochs=3000, min_deadline=900), vhost_url, 1, keyring=KEYRING
+        ),
+        running(aggregator(), vhost_url, 1, keyring=KEYRING),
     ):
-        start_tier(vhost_url, (0, 1, 2, 3), shapes=[(784, 10), (10,)])  # the worker's logistic regression
+        # the worker's logistic regression
+        start_tier(vhost_url, (0, 1, 2, 3), shapes=[(784, 10), (10,)], keyring=KEYRING)
         first = start_worker(vhost_url)
         try:
             wait_for(lambda: queue_counts(vhost_url).get(queue, (0, 0))[1] >= 1, 120, "the worker to take a task")

@@ -47,7 +47,7 @@ class Worker(Reactive):
         metrics=None,
     ):
         self.cfg, self.clients, self.trainer, self.names = cfg, clients, trainer, names
-        self.initial, self.profiles, self.clock, self.metrics = initial, profiles, clock, metrics
+        self.initial_weights, self.profiles, self.clock, self.metrics = initial, profiles, clock, metrics
         self.shapes = [a.shape for a in initial]
 
     def initial(self) -> None:
@@ -123,7 +123,7 @@ class Worker(Reactive):
 
     def _weights(self, task: TrainTask) -> list[np.ndarray]:
         if not task.layers:
-            return self.initial  # a profiling task: train from the initial model
+            return self.initial_weights  # a profiling task: train from the initial model
         try:
             weights = decode_model(task.layers)
         except WireError as exc:
