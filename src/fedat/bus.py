@@ -303,6 +303,16 @@ class _Session:
         self.commit(state, effects)
 
 
+class BrokerRefused(RuntimeError):
+    """The broker refused our credentials or an operation (403): a configuration error, not a lost connection."""
+
+
+def _refused(exc: Exception) -> bool:
+    if isinstance(exc, pe.ProbableAuthenticationError | pe.ProbableAccessDeniedError | pe.AuthenticationError):
+        return True
+    return isinstance(exc, pe.ChannelClosedByBroker) and exc.reply_code == 403
+
+
 def run_service(
     service: Service,
     cfg: BrokerConfig,
@@ -340,6 +350,8 @@ def run_service(
                     raise pe.ChannelClosed(-1, "channel closed or consumer cancelled by the broker")
         except RECOVERABLE as exc:
             metrics.connected.set(0)
+            if _refused(exc):  # a wrong password or a missing permission does not heal by reconnecting
+                raise BrokerRefused(f"{service.name}: the broker refused access ({exc}); check this role's user") from exc
             metrics.reconnects.inc()
             log.warning(
                 "%s lost the broker (%s: %s); reconnecting in %.1fs", service.name, type(exc).__name__, exc, backoff

@@ -193,3 +193,19 @@ def test_services_reconnect_after_the_broker_drops_them_and_the_round_completes(
             assert g is not None, f"no global model after the reconnect (saw {versions})"
             versions.append(g.version)
         assert g.updates == 3  # the held update was redelivered and counted once
+
+
+def test_a_refused_login_stops_the_service_with_a_clear_error_instead_of_retrying(vhost_url):
+    import threading
+
+    from prometheus_client import CollectorRegistry
+
+    from fedat.bus import BrokerConfig, BrokerRefused, run_service
+    from fedat.metrics import transport_metrics
+
+    wrong = vhost_url.replace("guest:guest@", "guest:not-the-password@")
+    cfg = BrokerConfig(url=wrong, num_tiers=1)
+    started = time.time()
+    with pytest.raises(BrokerRefused, match="refused access"):
+        run_service(aggregator(), cfg, transport_metrics(CollectorRegistry(), "aggregator"), threading.Event())
+    assert time.time() - started < 10
