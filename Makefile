@@ -7,7 +7,11 @@ EXPERIMENT ?= experiments/fmnist2-fedat.yaml
 COMPARISON ?= experiments/compare-fmnist2.yaml
 export TF_CPP_MIN_LOG_LEVEL := 2
 
-.PHONY: all setup run compare test test-unit test-broker bench lint clean broker data
+CHAOS_MINUTES ?= 8
+CHAOS_KILLS ?= 36
+CHAOS_BROKER_RESTARTS ?= 3
+
+.PHONY: all setup run compare test test-unit test-broker bench chaos provision lint clean broker data
 
 all: setup
 
@@ -42,6 +46,16 @@ bench: setup broker data
 	$(PY) bench/bench_codec.py
 	$(PY) bench/bench_trainer.py
 	$(PY) bench/bench_pipeline.py
+	$(PY) bench/bench_durability.py
+
+# Fault injection on a private RabbitMQ node (never the shared one): SIGKILLs across every service, broker restarts,
+# then the invariants checked from the captured message streams, against an undisturbed run of the same length.
+chaos: setup broker data
+	$(PY) -m fedat.chaos --minutes $(CHAOS_MINUTES) --kills $(CHAOS_KILLS) --broker-restarts $(CHAOS_BROKER_RESTARTS)
+
+# Vhost, per-role users, permissions and topology on a broker, over its management API (`fedat provision --help`).
+provision: setup broker
+	$(PY) -m fedat.cli provision $(ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check src services tests bench
