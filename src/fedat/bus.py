@@ -293,14 +293,14 @@ class _Session:
             self.metrics.consumed.labels(f"timer:{ids.timer_kind(key)}", "error").inc()
 
     def start(self) -> None:
-        """Restore, consume every subscribed queue, then let the service re-arm its timers."""
+        """Restore, let the service re-arm its timers, then consume every subscribed queue."""
         self.runner.restore(self.channel)
+        state, effects = self.service.on_start(self.runner.state, self.runner.clock())
+        self.commit(state, effects)
         self.queue_of = {}
         for queue in self.subscriptions:
             tag = self.channel.basic_consume(queue=queue, on_message_callback=self.on_message)
             self.queue_of[tag] = queue
-        state, effects = self.service.on_start(self.runner.state, self.runner.clock())
-        self.commit(state, effects)
 
 
 class BrokerRefused(RuntimeError):
