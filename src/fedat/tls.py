@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import pika
@@ -26,3 +28,29 @@ def ssl_options(cfg: TlsConfig) -> pika.SSLOptions:
         context.load_cert_chain(cfg.cert_file, cfg.key_file or None)
     context.check_hostname = bool(cfg.server_hostname)
     return pika.SSLOptions(context, cfg.server_hostname or None)
+
+
+def tls_from_env(env: Mapping[str, str] | None = None) -> TlsConfig | None:
+    """TLS settings from FEDAT_TLS_CA_FILE, _CERT_FILE, _KEY_FILE and _SERVER_NAME; None when no CA file is set."""
+    env = os.environ if env is None else env
+    ca, cert, key, name = (
+        env.get(f"FEDAT_TLS_{k}", "").strip() for k in ("CA_FILE", "CERT_FILE", "KEY_FILE", "SERVER_NAME")
+    )
+    if not ca:
+        # A client identity without a trust anchor is a half-done setup: refuse it rather than silently go plain.
+        if cert or key:
+            raise ValueError("FEDAT_TLS_CERT_FILE/FEDAT_TLS_KEY_FILE are set but FEDAT_TLS_CA_FILE is not")
+        return None
+    if key and not cert:
+        raise ValueError("FEDAT_TLS_KEY_FILE is set without FEDAT_TLS_CERT_FILE")
+    for var, path in (("FEDAT_TLS_CA_FILE", ca), ("FEDAT_TLS_CERT_FILE", cert), ("FEDAT_TLS_KEY_FILE", key)):
+        if path and not os.path.isfile(path):
+            raise ValueError(f"{var}={path}: no such file")
+    cfg = TlsConfig(ca_file=ca, cert_file=cert, key_file=key, server_hostname=name)
+    # Build the context once now: a bad file would otherwise surface at connect time as an OSError, which the
+    # bus treats as a lost broker and retries forever.
+    try:
+        ssl_options(cfg)
+    except ssl.SSLError as exc:
+        raise ValueError(f"TLS files from FEDAT_TLS_* do not load: {exc}") from exc
+    return cfg
