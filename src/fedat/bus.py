@@ -344,6 +344,7 @@ def run_service(
             log.info("%s connected to the broker", service.name)
             backoff = 0.5
             while not stop.is_set():
+                metrics.loop.set(time.time())
                 conn.process_data_events(time_limit=0.5)
                 # A channel closed by the broker (e.g. consumer_timeout) does not raise here: check it.
                 if channel.is_closed or not channel.consumer_tags:
@@ -351,7 +352,7 @@ def run_service(
         except RECOVERABLE as exc:
             metrics.connected.set(0)
             if _refused(exc):  # a wrong password or a missing permission does not heal by reconnecting
-                raise BrokerRefused(f"{service.name}: the broker refused access ({exc}); check this role's user") from exc
+                raise BrokerRefused(f"{service.name}: the broker refused access ({exc}); check its user") from exc
             metrics.reconnects.inc()
             log.warning(
                 "%s lost the broker (%s: %s); reconnecting in %.1fs", service.name, type(exc).__name__, exc, backoff

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+# /healthz fails when the service's event loop has not turned for this long (a wedged process: restart it).
+LIVENESS_SECONDS = 60.0
 
 
 @dataclass(frozen=True)
@@ -22,6 +28,7 @@ class TransportMetrics:
     state_saves: Counter
     state_save_seconds: Histogram
     restore_seconds: Histogram
+    loop: Gauge
 
 
 def transport_metrics(registry: CollectorRegistry, service: str) -> TransportMetrics:
@@ -62,6 +69,9 @@ def transport_metrics(registry: CollectorRegistry, service: str) -> TransportMet
             registry=registry,
             buckets=(0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1, 3),
         ),
+        loop=Gauge(
+            "fedat_event_loop_timestamp_seconds", "Unix time the service's event loop last turned", registry=registry
+        ),
         restore_seconds=Histogram(
             "fedat_state_restore_seconds",
             "Time to load the latest checkpoint and re-send its outbox",
@@ -71,7 +81,38 @@ def transport_metrics(registry: CollectorRegistry, service: str) -> TransportMet
     )
 
 
-def serve(registry: CollectorRegistry, port: int) -> None:
-    """Expose `registry` on /metrics at `port` (0 disables)."""
-    if port:
-        start_http_server(port, registry=registry)
+def serve(registry: CollectorRegistry, port: int, transport: TransportMetrics | None = None) -> None:
+    """Serve /metrics, /healthz (the event loop turned lately) and /readyz (connected to the broker) on `port`.
+
+    Kubernetes probes use the last two; `port` 0 disables the endpoint.
+    """
+    if not port:
+        return
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 — the name http.server calls
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                self._send(200, generate_latest(registry), CONTENT_TYPE_LATEST)
+            elif path == "/healthz":
+                last = transport.loop._value.get() if transport else time.time()
+                ok = last == 0 or time.time() - last < LIVENESS_SECONDS  # 0: not started its loop yet
+                self._send(200 if ok else 503, b"ok\n" if ok else b"event loop stalled\n")
+            elif path == "/readyz":
+                ok = transport is None or transport.connected._value.get() == 1
+                self._send(200 if ok else 503, b"ok\n" if ok else b"not connected to the broker\n")
+            else:
+                self._send(404, b"not found: /metrics, /healthz, /readyz\n")
+
+        def _send(self, code: int, body: bytes, kind: str = "text/plain; charset=utf-8") -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:  # probes every few seconds would flood the log
+            pass
+
+    server = ThreadingHTTPServer(("", port), Handler)
+    threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()

@@ -41,5 +41,5 @@ def serve_forever(
     observe: Callable[[Observation], None] | None = None,
 ) -> None:
     """Expose metrics, then run the service against the broker until signalled (restoring its saved state)."""
-    serve(registry, metrics_port)
+    serve(registry, metrics_port, transport)
     run_service(service, broker, transport, stop_on_signals(), observe=observe)

@@ -19,7 +19,9 @@ from fedat_aggregator.strategy import STATE_TYPES, CrossTier, Strategy
 # Rounds of one tier remembered individually above the all-merged watermark; beyond that the oldest gap is given up.
 MERGED_MEMORY = 1024
 
-MERGES, DUPLICATES, WEIGHT, VERSION = "merge", "duplicate", "weight", "version"  # observation names
+# Observation names (mapped to Prometheus by fedat_aggregator.metrics).
+MERGES, DUPLICATES, WEIGHT, VERSION, CREATED = "merge", "duplicate", "weight", "version", "created"
+STALENESS, BYTES_UP, BYTES_DOWN = "staleness", "bytes_up", "bytes_down"
 
 
 @dataclass(frozen=True)
@@ -157,9 +159,12 @@ class Aggregator(Reactive):
                 t.bytes_up + tm.bytes_up, t.bytes_down + tm.bytes_down, t.late + tm.late, t.updates + len(tm.clients)
             ),
         )
-        observed = (Observation(MERGES, tm.tier),) + tuple(
-            Observation(WEIGHT, m, float(w)) for m, w in enumerate(result.tier_weights, start=1)
-        )
+        observed = (
+            Observation(MERGES, tm.tier),
+            Observation(STALENESS, tm.tier, state.version - tm.base_version),
+            Observation(BYTES_UP, tm.tier, tm.bytes_up),
+            Observation(BYTES_DOWN, tm.tier, tm.bytes_down),
+        ) + tuple(Observation(WEIGHT, m, float(w)) for m, w in enumerate(result.tier_weights, start=1))
         if result.model is None:  # absorbed (e.g. FedBuff's buffer): published with the next version
             return replace(state, pending=pending), done(inbound) + Effects(observe=observed)
         version = state.version + 1
@@ -191,7 +196,7 @@ class Aggregator(Reactive):
             late=state.totals.late,
             updates=state.totals.updates,
         )
-        observed += (Observation(VERSION, 0, version),)
+        observed += (Observation(VERSION, 0, version), Observation(CREATED, 0, now))
         return state, done(inbound, Outgoing(topology.GLOBAL, "", out)) + Effects(observe=observed)
 
     def _remember(self, history: Mapping[int, Weights], version: int, model: Weights) -> dict[int, Weights]:

@@ -80,6 +80,9 @@ class AggregatorMetrics:
     duplicates: Counter
     version: Gauge
     tier_weight: Gauge
+    created: Gauge
+    staleness: Histogram
+    model_bytes: Counter
 
     def observe(self, o: Observation) -> None:
         """Count what an aggregator transition observed."""
@@ -91,6 +94,12 @@ class AggregatorMetrics:
             self.tier_weight.labels(str(o.tier)).set(o.value)
         elif o.name == agg.VERSION:
             self.version.set(o.value)
+        elif o.name == agg.CREATED:
+            self.created.set(o.value)
+        elif o.name == agg.STALENESS:
+            self.staleness.labels(str(o.tier)).observe(o.value)
+        elif o.name in (agg.BYTES_UP, agg.BYTES_DOWN):
+            self.model_bytes.labels(str(o.tier), "up" if o.name == agg.BYTES_UP else "down").inc(o.value)
 
 
 def aggregator_metrics() -> AggregatorMetrics:
@@ -104,4 +113,22 @@ def aggregator_metrics() -> AggregatorMetrics:
         ),
         version=Gauge("fedat_global_model_version", "Version of the latest global model", registry=r),
         tier_weight=Gauge("fedat_tier_weight_ratio", "Current cross-tier weight of each tier", ["tier"], registry=r),
+        created=Gauge(
+            "fedat_global_model_created_timestamp_seconds",
+            "Unix time the latest global model was published (its age: time() minus this)",
+            registry=r,
+        ),
+        staleness=Histogram(
+            "fedat_tier_model_staleness_versions",
+            "Global versions published between a tier round's start and its merge",
+            ["tier"],
+            registry=r,
+            buckets=(0, 1, 2, 3, 5, 8, 13, 21, 34, 55, 89),
+        ),
+        model_bytes=Counter(
+            "fedat_model_bytes_total",
+            "Model payload bytes of merged tier rounds: up (client updates) and down (tasks)",
+            ["tier", "direction"],
+            registry=r,
+        ),
     )
