@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import sys
@@ -29,6 +30,10 @@ def main(argv: list[str] | None = None) -> None:
     t = sub.add_parser("tabulate", help="rewrite a finished comparison's tables and plots from its compare.json")
     t.add_argument("results_dir", type=Path)
     _provision_parser(sub)
+    k = sub.add_parser("keys", help="write each role's keyring (JSON, mode 0600) derived from a deployment secret")
+    k.add_argument("--secret-file", type=Path, required=True, help="the deployment secret, hex (>= 32 bytes)")
+    k.add_argument("--out-dir", type=Path, required=True, help="one <role>.json per role is written here")
+    k.add_argument("--role", action="append", help="only these roles (default: every role)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     try:
@@ -41,6 +46,8 @@ def main(argv: list[str] | None = None) -> None:
                 sys.exit(f"fedat run: could not provision the broker: {exc}")
         elif args.command == "provision":
             provision_command(args, p)
+        elif args.command == "keys":
+            keys_command(args.secret_file, args.out_dir, args.role)
         elif args.command == "tabulate":
             from fedat.compare_run import tabulate
 
@@ -51,6 +58,20 @@ def main(argv: list[str] | None = None) -> None:
             compare(args.comparison, args.results, args.minutes)
     except KeyboardInterrupt:
         sys.exit(130)
+
+
+def keys_command(secret_file: Path, out_dir: Path, roles: list[str] | None) -> None:
+    """Write `<role>.json` keyrings: give each role's pods only theirs (FEDAT_KEYRING_FILE), e.g. as a Secret."""
+    from fedat import signing
+
+    secret = bytes.fromhex(secret_file.read_text().strip())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for role in roles or list(signing.ROLES):
+        path = out_dir / f"{role}.json"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(signing.keys_for_role(secret, role), f)
+        print(f"{path}: {', '.join(sorted(signing.keys_for_role(secret, role)))}")
 
 
 def _provision_parser(sub) -> None:

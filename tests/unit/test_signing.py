@@ -407,3 +407,17 @@ def test_check_never_skips_required_kinds_when_signing_is_on():
         check(profiler, u, encode(u), {})
     assert check(profiler, u, encode(u), sign(ALL, u, encode(u))) is True
     assert check(None, u, encode(u), {}) is False  # signing off entirely: nothing is checked
+
+
+def test_fedat_keys_writes_each_roles_keyring_and_a_worker_cannot_sign_as_the_aggregator(tmp_path):
+    import stat
+
+    from fedat.cli import main
+
+    secret = tmp_path / "secret.hex"
+    secret.write_text(bytes(range(32)).hex())
+    main(["keys", "--secret-file", str(secret), "--out-dir", str(tmp_path / "keys")])
+    worker = signing.Keyring.from_file(tmp_path / "keys" / "worker.json")
+    assert worker.can_sign("client-12") and not worker.can_sign("aggregator") and not worker.can_sign("barrier")
+    assert stat.S_IMODE((tmp_path / "keys" / "barrier.json").stat().st_mode) == 0o600
+    assert signing.Keyring.from_file(tmp_path / "keys" / "aggregator.json").can_sign("aggregator")
