@@ -303,6 +303,33 @@ class _Session:
             self.queue_of[tag] = queue
 
 
+def wait_for_consumers(
+    cfg: BrokerConfig, queue: str, minimum: int, stop: threading.Event, poll: float = 1.0
+) -> bool:
+    """Block until `queue` has `minimum` consumers (passive declare: no permission needed); False if stopped first."""
+    announced = False
+    while not stop.is_set():
+        try:
+            conn = connect(cfg)
+            try:
+                while not stop.is_set():
+                    n = conn.channel().queue_declare(queue, passive=True).method.consumer_count
+                    if n >= minimum:
+                        return True
+                    if not announced:
+                        log.info("waiting for %d consumer(s) on %s (has %d)", minimum, queue, n)
+                        announced = True
+                    stop.wait(poll)
+            finally:
+                if conn.is_open:
+                    conn.close()
+        except RECOVERABLE as exc:  # no broker yet, or the queue is not provisioned yet
+            if _refused(exc):
+                raise BrokerRefused(f"the broker refused access while waiting for {queue}: {exc}") from exc
+            stop.wait(poll)
+    return False
+
+
 class BrokerRefused(RuntimeError):
     """The broker refused our credentials or an operation (403): a configuration error, not a lost connection."""
 

@@ -279,7 +279,6 @@ def run(
     env = {
         **{k: v for k, v in os.environ.items() if k not in MANAGEMENT_ENV},
         **exp.env(),
-        "FEDAT_RUN_START": str(started),
         "TF_CPP_MIN_LOG_LEVEL": "2",
     }
     (out / "experiment.json").write_text(

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
 
-from fedat.bus import BrokerConfig, run_service
+from fedat.bus import BrokerConfig, run_service, wait_for_consumers
 from fedat.metrics import TransportMetrics, serve
 from fedat.service import Observation, Service
 
@@ -39,7 +39,14 @@ def serve_forever(
     transport: TransportMetrics,
     metrics_port: int,
     observe: Callable[[Observation], None] | None = None,
+    wait_for: tuple[str, int] | None = None,
 ) -> None:
-    """Expose metrics, then run the service against the broker until signalled (restoring its saved state)."""
+    """Expose metrics, then run the service against the broker until signalled (restoring its saved state).
+
+    `wait_for` = (queue, n): first wait until n consumers serve that queue (the profiler waits for a worker).
+    """
     serve(registry, metrics_port, transport)
-    run_service(service, broker, transport, stop_on_signals(), observe=observe)
+    stop = stop_on_signals()
+    if wait_for is not None and not wait_for_consumers(broker, *wait_for, stop):
+        return
+    run_service(service, broker, transport, stop, observe=observe)

@@ -89,6 +89,9 @@ class TrainTask:
     precision: int
     sent_at: float
     layers: tuple[Layer, ...]
+    # When the run's profiling pass began (0: unknown): the one clock every pod agrees on, the origin of the
+    # simulated clients' drop-out times.
+    run_started_at: float = 0.0
     kind: str = field(default="train", init=False)
 
 
@@ -170,6 +173,7 @@ class TierAssignment:
     tiers: tuple[tuple[int, ...], ...]
     latencies: Mapping[int, float]
     created_at: float
+    run_started_at: float = 0.0  # when the profiling pass began; the barrier copies it into its tasks
     kind: str = field(default="tier-assignment", init=False)
 
 
@@ -443,6 +447,7 @@ _VALIDATORS: dict[str, Callable[[str, Any], Any]] = {
     "not_before": _nonneg_float,
     "closed_at": _nonneg_float,
     "created_at": _nonneg_float,
+    "run_started_at": _nonneg_float,
     "evaluated_at": _nonneg_float,
     "codec": _codec,
     "precision": _precision,

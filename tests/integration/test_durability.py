@@ -127,3 +127,25 @@ def test_a_profiler_restarted_mid_profiling_does_not_start_over(vhost_url):
         a = fetch(vhost_url, topology.BARRIER_ASSIGNMENTS)
         assert a is not None and a.epoch == 1 and sorted(c for t in a.tiers for c in t) == [0, 1, 2, 3]
     assert fetch(vhost_url, topology.BARRIER_ASSIGNMENTS, timeout=1) is None  # one epoch, not two
+
+
+def test_waiting_for_consumers_returns_once_a_worker_consumes_the_profiling_queue(vhost_url):
+    import threading
+
+    from fedat.bus import BrokerConfig, wait_for_consumers
+
+    cfg = BrokerConfig(url=vhost_url, num_tiers=1)
+    with channel(vhost_url, 1):
+        pass  # the topology exists
+    stop = threading.Event()
+    done = []
+    t = threading.Thread(target=lambda: done.append(wait_for_consumers(cfg, topology.PROFILE_QUEUE, 1, stop, 0.2)))
+    t.start()
+    time.sleep(1.0)
+    assert not done  # nobody consumes yet
+    with channel(vhost_url, 1) as ch:
+        ch.basic_consume(topology.PROFILE_QUEUE, lambda *a: None)
+        t.join(timeout=10)
+    assert done == [True]
+    stop.set()
+    assert wait_for_consumers(cfg, topology.PROFILE_QUEUE, 1, stop) is False  # a stop ends the wait

@@ -13,7 +13,7 @@ from fedat.run import SETTINGS, check_settings, load_experiment
 ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS = sorted((ROOT / "experiments").glob("*.yaml"))
 # Set by `fedat run` itself for each process, so not an experiment setting.
-PER_PROCESS = {"amqp_url", "run_start", "metrics_port", "tiers", "profile_queue", "declare_topology", "keyring_file"}
+PER_PROCESS = {"amqp_url", "metrics_port", "tiers", "profile_queue", "declare_topology", "keyring_file"}
 # The deployment's, not the experiment's: where the broker and its management API are, credentials, keys, TLS.
 DEPLOYMENT = {
     "admin_password",

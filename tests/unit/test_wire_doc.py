@@ -60,6 +60,7 @@ EXPECTED = {
         precision=4,
         sent_at=1700000000.5,
         layers=(),
+        run_started_at=1699999990.0,
     ),
     "update": wire.Update(
         id="u-t1-r1-c7-v0",

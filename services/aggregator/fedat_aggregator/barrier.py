@@ -340,6 +340,7 @@ class Barrier:
             precision=c.precision,
             sent_at=now,
             layers=state.model.layers,
+            run_started_at=state.assignment.run_started_at,
         )
 
     def _reissue(self, state: BarrierState, rnd: Round, answers: int, now: float) -> tuple[BarrierState, Effects]:

@@ -6,7 +6,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fedat import config
+from fedat import config, topology
 from fedat.bus import BrokerConfig
 from fedat.runtime import serve_forever, setup_logging
 from fedat_profiler.metrics import profiler_metrics
@@ -51,8 +51,16 @@ def main() -> None:
     setup_logging("profiler")
     s = settings(os.environ)
     metrics = profiler_metrics()
+    # Profiling measures how long workers take: it starts once a worker consumes the profiling queue, whatever
+    # started first (a launcher, Kubernetes, a human).
     serve_forever(
-        Profiler(s.profiler), s.broker, metrics.transport.registry, metrics.transport, s.metrics_port, metrics.observe
+        Profiler(s.profiler),
+        s.broker,
+        metrics.transport.registry,
+        metrics.transport,
+        s.metrics_port,
+        metrics.observe,
+        wait_for=(topology.PROFILE_QUEUE, 1),
     )
 
 

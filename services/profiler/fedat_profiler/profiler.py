@@ -58,6 +58,7 @@ class ProfilerState:
     """Latencies, the profiling pass's progress, the current tiers."""
 
     stage: Stage = Stage.IDLE
+    started_at: float = 0.0  # when profiling began: the run's origin, sent in every task and assignment
     latency: Mapping[int, float] = field(default_factory=dict)
     queue: tuple[int, ...] = ()  # clients still to profile
     outstanding: frozenset[int] = frozenset()  # profiling tasks out and unanswered
@@ -92,7 +93,9 @@ class Profiler:
     def on_start(self, state: ProfilerState, now: float) -> tuple[ProfilerState, Effects]:
         """Start the profiling pass once; after a restart only re-arm its deadline (published tasks are durable)."""
         if state.stage is Stage.IDLE:
-            state = replace(state, stage=Stage.PROFILING, deadline=now + self.cfg.profile_deadline)
+            state = replace(
+                state, stage=Stage.PROFILING, started_at=now, deadline=now + self.cfg.profile_deadline
+            )
             state, effects = self._dispatch(state, now)
             return state, effects + Effects(timers=((self.cfg.profile_deadline, ids.PROFILE_DEADLINE),))
         if state.stage is Stage.PROFILING:
@@ -184,6 +187,7 @@ class Profiler:
                     precision=self.cfg.precision,
                     sent_at=now,
                     layers=(),
+                    run_started_at=state.started_at,
                 ),
             )
             for c in clients
@@ -210,7 +214,12 @@ class Profiler:
         epoch = state.epoch + 1
         state = replace(state, epoch=epoch, tiers=tiers)
         msg = TierAssignment(
-            id=ids.assignment(epoch), epoch=epoch, tiers=tiers, latencies=dict(state.latency), created_at=now
+            id=ids.assignment(epoch),
+            epoch=epoch,
+            tiers=tiers,
+            latencies=dict(state.latency),
+            created_at=now,
+            run_started_at=state.started_at,
         )
         observed = (Observation(ASSIGNED_OBS),) + tuple(
             Observation("tier_size", m, len(group)) for m, group in enumerate(tiers, start=1)

@@ -26,7 +26,6 @@ class WorkerConfig:
     tiers: tuple[int, ...] = (1, 2, 3, 4, 5)
     profile_queue: bool = True
     straggler: StragglerProfile = StragglerProfile()
-    run_start: float = 0.0
     seed: int = 0
 
 
@@ -70,7 +69,9 @@ class Worker(Reactive):
         if not 0 <= task.client < len(self.clients):
             raise Reject(f"unknown client {task.client}: this experiment has {len(self.clients)} clients")
         profile = self.profiles[task.client]
-        if profile.drops_at is not None and now - self.cfg.run_start >= profile.drops_at:
+        # Drop-out times count from the run's start, which every task carries (no pod's own clock or environment).
+        started = task.run_started_at
+        if profile.drops_at is not None and started and now - started >= profile.drops_at:
             if self.metrics:
                 self.metrics.dropped.inc()
             return done(inbound)  # the client has left for good: no answer, as in the paper's unstable clients

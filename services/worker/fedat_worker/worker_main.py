@@ -24,7 +24,6 @@ class Settings:
     straggler: StragglerProfile
     tiers: tuple[int, ...]
     profile_queue: bool
-    run_start: float
     threads: int
     metrics_port: int
 
@@ -62,7 +61,6 @@ def settings(env: Mapping[str, str]) -> Settings:
         straggler=straggler,
         tiers=config.get_ints(env, "FEDAT_TIERS", tuple(range(1, num_tiers + 1))),
         profile_queue=config.get_int(env, "FEDAT_PROFILE_QUEUE", 1) == 1,
-        run_start=config.get_float(env, "FEDAT_RUN_START", time.time()),
         threads=config.get_int(env, "FEDAT_TF_THREADS", 1),
         metrics_port=config.get_int(env, "FEDAT_METRICS_PORT", 9104),
     )
@@ -78,7 +76,7 @@ def main() -> None:
     clients, model, trainer = build(s.workload, s.threads)
     metrics = worker_metrics()
     worker = Worker(
-        WorkerConfig(s.tiers, s.profile_queue, s.straggler, s.run_start, s.workload.seed),
+        WorkerConfig(s.tiers, s.profile_queue, s.straggler, s.workload.seed),
         clients,
         trainer,
         weight_names(model),
