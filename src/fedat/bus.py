@@ -45,7 +45,7 @@ class BrokerConfig:
     num_tiers: int = 5
     prefetch: int = 1
     heartbeat: int = 60
-    max_backoff: float = 10.0
+    max_backoff: float = 3.0  # a restarted broker is found within 3 s of coming back; retries are cheap
     max_message_bytes: int = wire.MAX_MESSAGE_BYTES
     tls: TlsConfig | None = None  # amqps:// needs it: CA, and client certificate/key for mutual TLS
     declare: bool = True  # False where a provisioner declared the topology and the user may not configure
