@@ -176,8 +176,11 @@ class Runner:
         log.info("%s: restored checkpoint %d (%d outputs re-sent)", self.service.name, saved.seq, len(saved.outbox))
 
     def save(self, channel, state: Any, sent: tuple[Sent, ...]) -> None:
-        """Write the new state and its outbox ahead of publishing and acking (durable services only)."""
-        if self.store is None or state is self.state:
+        """Write the new state and its outbox ahead of publishing and acking (durable services only).
+
+        Also when only outputs exist: what leaves must be in a checkpoint, whether or not the state moved.
+        """
+        if self.store is None or (state is self.state and not sent):
             return
         started = time.perf_counter()
         c = Checkpoint(self.service.name, self.seq + 1, self.clock(), self.codec.encode(state), sent)
