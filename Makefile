@@ -59,6 +59,7 @@ provision: setup broker
 
 lint: setup
 	$(VENV)/bin/ruff check src services tests bench
+	$(VENV)/bin/yamllint -c infra/helm/fedat/.yamllint infra/helm
 
 clean:
 	rm -rf $(VENV) results .pytest_cache
