@@ -11,7 +11,9 @@ CHAOS_MINUTES ?= 8
 CHAOS_KILLS ?= 36
 CHAOS_BROKER_RESTARTS ?= 3
 
-.PHONY: all setup run compare test test-unit test-broker bench chaos provision lint clean broker data
+OBSERVE_MINUTES ?= 2
+
+.PHONY: all setup run compare test test-unit test-broker bench chaos provision observe prometheus lint clean broker data
 
 all: setup
 
@@ -30,16 +32,19 @@ broker:
 data:
 	infra/ensure-data.sh
 
+prometheus:
+	infra/prometheus/ensure-prometheus.sh
+
 run: setup broker data
 	$(PY) -m fedat.cli run $(EXPERIMENT) --minutes $(MINUTES)
 
 compare: setup broker data
 	$(PY) -m fedat.cli compare $(COMPARISON)
 
-test: setup broker data
+test: setup broker data prometheus
 	$(PY) -m pytest -p no:cacheprovider tests
 
-test-unit: setup
+test-unit: setup prometheus
 	$(PY) -m pytest -p no:cacheprovider tests/unit
 
 bench: setup broker data
@@ -52,6 +57,10 @@ bench: setup broker data
 # then the invariants checked from the captured message streams, against an undisturbed run of the same length.
 chaos: setup broker data
 	$(PY) -m fedat.chaos --minutes $(CHAOS_MINUTES) --kills $(CHAOS_KILLS) --broker-restarts $(CHAOS_BROKER_RESTARTS)
+
+# The smoke experiment observed by a local Prometheus (URL printed; alerts.json and its data in the run's folder).
+observe: setup broker data prometheus
+	$(PY) -m fedat.cli run experiments/smoke.yaml --minutes $(OBSERVE_MINUTES) --prometheus
 
 # Vhost, per-role users, permissions and topology on a broker, over its management API (`fedat provision --help`).
 provision: setup broker

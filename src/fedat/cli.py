@@ -23,6 +23,7 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--minutes", type=float, default=None, help="wall-clock budget (default: the experiment's)")
     r.add_argument("--results", type=Path, default=Path("results"))
     r.add_argument("--amqp-url", default=None, help="use this broker/vhost instead of a fresh local vhost")
+    r.add_argument("--prometheus", action="store_true", help="scrape the run with a local Prometheus (alerts too)")
     c = sub.add_parser("compare", help="run several methods with the same budget and seed, then tabulate")
     c.add_argument("comparison", type=Path)
     c.add_argument("--minutes", type=float, default=None, help="budget per method (default: the file's)")
@@ -41,7 +42,8 @@ def main(argv: list[str] | None = None) -> None:
             from fedat.provision import ProvisionError
 
             try:
-                run(load_experiment(args.experiment), args.results, args.minutes, args.amqp_url)
+                exp = load_experiment(args.experiment)
+                run(exp, args.results, args.minutes, args.amqp_url, prometheus=args.prometheus)
             except ProvisionError as exc:
                 sys.exit(f"fedat run: could not provision the broker: {exc}")
         elif args.command == "provision":

@@ -1,4 +1,5 @@
-"""PNG plots of a run, like the paper's figures: accuracy vs time and vs cumulative uploaded bytes."""
+"""PNG plots of a run, like the paper's figures: accuracy vs time and vs cumulative uploaded bytes; updates merged
+per tier over time."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 
 def plot_run(folder: Path) -> None:
-    """Write accuracy_vs_time.png and accuracy_vs_bytes.png from folder/events.jsonl."""
-    evals = [
-        e for e in map(json.loads, (folder / "events.jsonl").read_text().splitlines()) if e["event"] == "evaluation"
-    ]
+    """Write accuracy_vs_time.png, accuracy_vs_bytes.png and updates_per_tier.png from folder/events.jsonl."""
+    events = [json.loads(line) for line in (folder / "events.jsonl").read_text().splitlines() if line.strip()]
+    plot_updates_per_tier(folder, events)
+    evals = [e for e in events if e["event"] == "evaluation"]
     if not evals:
         return
     t = [e["time"] for e in evals]
@@ -33,6 +34,65 @@ def plot_run(folder: Path) -> None:
         fig.tight_layout()
         fig.savefig(folder / name, dpi=100)
         plt.close(fig)
+
+
+def updates_per_tier(events: list[dict]) -> tuple[list[float], list[list[float]]]:
+    """Times of the global versions and, per tier, the client updates merged into the global model up to each.
+
+    From the `global` lines of events.jsonl, in version order: the growth of `updates` (all tiers) between two
+    recorded versions goes to the tiers whose round counts (`tier_counts`) grew, in proportion; that is exact when
+    no version is missing, and an estimate across versions the recorder skipped (its queue drops the oldest).
+    """
+    lines = sorted({e["version"]: e for e in events if e.get("event") == "global"}.values(), key=lambda e: e["version"])
+    tiers = max((len(e.get("tier_counts", ())) for e in lines), default=0)
+    times: list[float] = []
+    cumulative: list[list[float]] = [[] for _ in range(tiers)]
+    totals = [0.0] * tiers
+    prev_updates, prev_counts = 0, [0] * tiers
+    for e in lines:
+        counts = list(e.get("tier_counts", ())) + [0] * (tiers - len(e.get("tier_counts", ())))
+        grown = [max(0, c - p) for c, p in zip(counts, prev_counts, strict=True)]
+        added = max(0, e.get("updates", 0) - prev_updates)
+        if sum(grown):
+            for m in range(tiers):
+                totals[m] += added * grown[m] / sum(grown)
+        elif 1 <= e.get("tier", 0) <= tiers:
+            totals[e["tier"] - 1] += added
+        times.append(e["time"])
+        for m in range(tiers):
+            cumulative[m].append(totals[m])
+        prev_updates, prev_counts = max(prev_updates, e.get("updates", 0)), counts
+    return times, cumulative
+
+
+def plot_updates_per_tier(folder: Path, events: list[dict]) -> None:
+    """Write updates_per_tier.png: client updates merged per tier, cumulative and per minute, against time."""
+    times, cumulative = updates_per_tier(events)
+    if not times or not cumulative:
+        return
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 6), sharex=True)
+    span = max(times[-1] - times[0], 1.0)
+    width = max(5.0, span / 30)  # seconds per bar of the rate plot; a last, partial bar is left out
+    edges = [times[0] + i * width for i in range(max(1, int(span // width)) + 1)]
+    for m, series in enumerate(cumulative, start=1):
+        top.step(times, series, where="post", label=f"tier {m}")
+        per_bin, j, last = [], 0, 0.0
+        for edge in edges[1:]:
+            while j < len(times) and times[j] <= edge:
+                j += 1
+            value = series[j - 1] if j else 0.0
+            per_bin.append((value - last) * 60 / width)
+            last = value
+        bottom.step(edges, [*per_bin, per_bin[-1]], where="post", label=f"tier {m}")
+    top.set_ylabel("client updates merged")
+    bottom.set_ylabel(f"updates merged per minute ({width:.0f} s bins)")
+    bottom.set_xlabel("wall-clock time (s)")
+    for ax in (top, bottom):
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(folder / "updates_per_tier.png", dpi=100)
+    plt.close(fig)
 
 
 def plot_comparison(folder: Path, results) -> None:

@@ -265,9 +265,14 @@ def _management(env: Mapping[str, str]) -> tuple[str, str, str]:
 
 
 def run(
-    exp: Experiment, results: Path, minutes: float | None = None, amqp_url: str | None = None, tag: str = ""
+    exp: Experiment,
+    results: Path,
+    minutes: float | None = None,
+    amqp_url: str | None = None,
+    tag: str = "",
+    prometheus: bool = False,
 ) -> dict:
-    """Run one experiment end to end and return its summary."""
+    """Run one experiment end to end and return its summary (`prometheus`: observe it, see `fedat.observe`)."""
     run_id = tag or f"{time.strftime('%Y%m%d-%H%M%S')}-{exp.name}-{uuid.uuid4().hex[:4]}"
     out = results / run_id
     out.mkdir(parents=True)
@@ -301,10 +306,15 @@ def run(
         daemon=True,
     )
     failure = None
+    observer = None  # a local Prometheus (--prometheus)
     # Stop like Ctrl-C: services stopped, vhost and users deleted, summary written.
     interrupted = False
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
+        if prometheus:
+            from fedat import observe
+
+            observer = observe.start(out, exp.workers, broker)
         recorder.start()
         port = 19100
         ports = []
@@ -337,6 +347,8 @@ def run(
         failure = str(exc)
         print(f"[fedat] run failed: {failure}", flush=True)
     finally:
+        if observer is not None:
+            observer.stop()
         procs.stop()
         stop.set()
         recorder.join(timeout=10)

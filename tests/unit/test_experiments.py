@@ -20,6 +20,7 @@ DEPLOYMENT = {
     "admin_password_file",
     "admin_user",
     "amqp_host",
+    "broker_metrics",
     "credentials_out",
     "management_url",
     "password_dir",
