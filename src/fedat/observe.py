@@ -1,9 +1,9 @@
 """`fedat run --prometheus`: a real local Prometheus that scrapes every service of the run and the broker.
 
 It runs the Debian `prometheus` binary (2.42) as a child process on a free port of 127.0.0.1, with a generated
-config: every service's metrics port (the ports `fedat run` assigns, 19100 upwards: workers, evaluator, aggregator,
-barrier, profiler — `local_targets` mirrors `fedat.run.run`), and the broker's `rabbitmq_prometheus` endpoint
-(`/metrics/detailed`, per-queue depth and consumers of the run's vhost only), every 2 s; it loads
+config: every service's metrics port (the free ports `fedat run` assigns and writes to `services.json`), and the
+broker's `rabbitmq_prometheus` endpoint (`/metrics/detailed`, per-queue depth and consumers of the run's vhost
+only), every 2 s; it loads
 `infra/prometheus/alerts.yaml` as rule file. At the end of the run it writes `<run>/prometheus/alerts.json` (the
 alerts that fired during the run) and its config (`prometheus.yml`), stops the server by its PID, and keeps the
 TSDB under `<run>/prometheus/data` only when it is small (`KEEP_DATA_BYTES`, ~0.3 MB for the 1.5-minute smoke run);
@@ -25,6 +25,7 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,6 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "infra" / "prometheus" / "alerts.yaml"
 BINARY = "prometheus"
-BASE_PORT = 19100  # `fedat run`'s first metrics port
 SCRAPE_INTERVAL = "2s"
 BROKER_METRICS = "127.0.0.1:15692"  # host:port of the local broker's rabbitmq_prometheus endpoint
 BROKER_FAMILIES = ("queue_coarse_metrics", "queue_consumer_count")
@@ -42,12 +42,11 @@ KEEP_DATA_BYTES = 20 * 1024 * 1024
 READY_SECONDS = 30.0
 
 
-def local_targets(workers: int, base: int = BASE_PORT) -> dict[str, list[str]]:
-    """Job -> targets of a local `fedat run`: workers first, then evaluator, aggregator, barrier, then the profiler."""
-    port = iter(range(base, base + workers + 4))
-    jobs: dict[str, list[str]] = {"fedat-worker": [f"127.0.0.1:{next(port)}" for _ in range(workers)]}
-    for name in ("evaluator", "aggregator", "barrier", "profiler"):
-        jobs[f"fedat-{name}"] = [f"127.0.0.1:{next(port)}"]
+def local_targets(ports: Mapping[str, int]) -> dict[str, list[str]]:
+    """Job -> targets of a local `fedat run` from its service -> metrics port map (`worker-<i>` are one job)."""
+    jobs: dict[str, list[str]] = {}
+    for name, port in ports.items():
+        jobs.setdefault(f"fedat-{name.split('-')[0]}", []).append(f"127.0.0.1:{port}")
     return jobs
 
 
@@ -169,14 +168,14 @@ def _seconds(duration: str) -> float:
     return float(duration)
 
 
-def start(out: Path, workers: int, broker: Any = None, rules: Path = RULES) -> Observer:
-    """Start Prometheus for a local run of `workers` workers whose results go to `out`; RuntimeError if it cannot."""
+def start(out: Path, ports: Mapping[str, int], broker: Any = None, rules: Path = RULES) -> Observer:
+    """Start Prometheus for a local run (service -> metrics port) whose results go to `out`; RuntimeError if not."""
     binary = shutil.which(BINARY)
     if binary is None:
         raise RuntimeError("--prometheus needs the `prometheus` binary (Debian: apt-get install -y prometheus)")
     storage = Path(tempfile.mkdtemp(prefix="fedat-prometheus-"))
     cfg_file = storage / "prometheus.yml"
-    cfg_file.write_text(yaml.safe_dump(config(local_targets(workers), vhost_of(broker), [str(rules)])))
+    cfg_file.write_text(yaml.safe_dump(config(local_targets(ports), vhost_of(broker), [str(rules)])))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     (out / "logs").mkdir(parents=True, exist_ok=True)

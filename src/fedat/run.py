@@ -14,6 +14,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -128,6 +129,10 @@ class Processes:
         self.procs.append((name, p, logf))
         return p
 
+    def table(self, ports: dict[str, int]) -> dict[str, dict]:
+        """Name -> pid and metrics port of every process started (for monitoring and benchmarks)."""
+        return {n: {"pid": p.pid, "metrics_port": ports.get(n)} for n, p, _ in self.procs}
+
     def dead(self) -> list[str]:
         """Services that exited although nobody asked them to."""
         return [f"{n} (exit {p.returncode})" for n, p, _ in self.procs if p.poll() is not None and n != "seed"]
@@ -145,6 +150,20 @@ class Processes:
                 p.kill()
                 p.wait()
             logf.close()
+
+
+def metrics_ports(names: list[str]) -> dict[str, int]:
+    """A free 127.0.0.1 TCP port for each name (held open together while choosing, so no two are the same)."""
+    socks = []
+    try:
+        for _ in names:
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return {n: s.getsockname()[1] for n, s in zip(names, socks, strict=True)}
+    finally:
+        for s in socks:
+            s.close()
 
 
 def _die_with_parent() -> None:
@@ -311,28 +330,29 @@ def run(
     interrupted = False
     previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
+        # Free ports, not fixed ones: two runs (or a run and a benchmark) on one machine must not collide.
+        ports = metrics_ports(
+            [*(f"worker-{i}" for i in range(exp.workers)), "evaluator", "aggregator", "barrier", "profiler"]
+        )
         if prometheus:
             from fedat import observe
 
-            observer = observe.start(out, exp.workers, broker)
+            observer = observe.start(out, ports, broker)
         recorder.start()
-        port = 19100
-        ports = []
-        for i in range(exp.workers):
-            procs.start(f"worker-{i}", SERVICES["worker"], {**broker.env("worker"), "FEDAT_METRICS_PORT": str(port)})
-            ports.append(port)
-            port += 1
-        for name in ("evaluator", "aggregator", "barrier"):
-            procs.start(name, SERVICES[name], {**broker.env(name), "FEDAT_METRICS_PORT": str(port)})
-            ports.append(port)
-            port += 1
+        for name, port in ports.items():
+            if name != "profiler":
+                role = name.split("-")[0]
+                procs.start(name, SERVICES[role], {**broker.env(role), "FEDAT_METRICS_PORT": str(port)})
         print(f"[fedat] run {run_id}: starting {exp.workers} workers, evaluator, aggregator, barrier ...", flush=True)
-        wait_connected(ports, procs, timeout=180)
+        wait_connected([p for n, p in ports.items() if n != "profiler"], procs, timeout=180)
         with state.lock:  # the clock of events.jsonl starts with the profiling pass, not with process start-up
             state.started_at = time.time()
         # Profiling starts only now, so that worker start-up does not count as client latency.
-        procs.start("profiler", SERVICES["profiler"], {**broker.env("profiler"), "FEDAT_METRICS_PORT": str(port)})
+        procs.start(
+            "profiler", SERVICES["profiler"], {**broker.env("profiler"), "FEDAT_METRICS_PORT": str(ports["profiler"])}
+        )
         procs.start("seed", SERVICES["seed"], {**broker.env("seed"), "FEDAT_METRICS_PORT": "0"})
+        (out / "services.json").write_text(json.dumps(procs.table(ports), indent=2))
         t0 = time.time()
         print(f"[fedat] running for {minutes:g} min; results in {out}", flush=True)
         while time.time() - t0 < minutes * 60:

@@ -146,14 +146,15 @@ def test_dashboard_covers_every_metric_a_user_needs():
 
 
 def test_local_targets_follow_the_ports_fedat_run_assigns():
-    jobs = observe.local_targets(3)
-    assert jobs["fedat-worker"] == ["127.0.0.1:19100", "127.0.0.1:19101", "127.0.0.1:19102"]
-    assert [jobs[f"fedat-{n}"] for n in ("evaluator", "aggregator", "barrier", "profiler")] == [
-        ["127.0.0.1:19103"],
-        ["127.0.0.1:19104"],
-        ["127.0.0.1:19105"],
-        ["127.0.0.1:19106"],
-    ]
+    from fedat.run import metrics_ports
+
+    names = ["worker-0", "worker-1", "worker-2", "evaluator", "aggregator", "barrier", "profiler"]
+    ports = metrics_ports(names)
+    assert len(set(ports.values())) == len(names)
+    jobs = observe.local_targets(ports)
+    assert jobs["fedat-worker"] == [f"127.0.0.1:{ports[f'worker-{i}']}" for i in range(3)]
+    for n in ("evaluator", "aggregator", "barrier", "profiler"):
+        assert jobs[f"fedat-{n}"] == [f"127.0.0.1:{ports[n]}"]
 
 
 class _Broker:
@@ -170,7 +171,10 @@ def test_vhost_of_a_run():
 
 @needs_promtool
 def test_generated_prometheus_config_is_valid(tmp_path):
-    cfg = observe.config(observe.local_targets(2), "fedat-run-x", [str(RULES)], "127.0.0.1:15692")
+    ports = {"worker-0": 19100, "worker-1": 19101, "evaluator": 19102, "aggregator": 19103, "barrier": 19104}
+    cfg = observe.config(
+        observe.local_targets({**ports, "profiler": 19105}), "fedat-run-x", [str(RULES)], "127.0.0.1:15692"
+    )
     broker = next(s for s in cfg["scrape_configs"] if s["job_name"] == "rabbitmq")
     assert broker["metrics_path"] == "/metrics/detailed"
     assert broker["params"] == {"family": ["queue_coarse_metrics", "queue_consumer_count"], "vhost": ["fedat-run-x"]}
