@@ -12,8 +12,10 @@ CHAOS_KILLS ?= 36
 CHAOS_BROKER_RESTARTS ?= 3
 
 OBSERVE_MINUTES ?= 2
+IMAGES ?= core tf
+EXPORT ?= 0
 
-.PHONY: all setup run compare test test-unit test-broker bench chaos provision observe prometheus lint clean broker data
+.PHONY: all setup run compare test test-unit test-broker bench chaos provision observe prometheus images lint clean broker data
 
 all: setup
 
@@ -61,6 +63,11 @@ chaos: setup broker data
 # The smoke experiment observed by a local Prometheus (URL printed; alerts.json and its data in the run's folder).
 observe: setup broker data prometheus
 	$(PY) -m fedat.cli run experiments/smoke.yaml --minutes $(OBSERVE_MINUTES) --prometheus
+
+# Container images fedat-core and fedat-tf (infra/images/README.md): buildah + mmdebstrap, as root.
+# EXPORT=1 also writes results/images/fedat-<image>-<version>.tar (oci-archive).
+images: setup
+	EXPORT=$(EXPORT) infra/images/build.sh $(IMAGES)
 
 # Vhost, per-role users, permissions and topology on a broker, over its management API (`fedat provision --help`).
 provision: setup broker
