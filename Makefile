@@ -54,6 +54,7 @@ bench: setup broker data
 	$(PY) bench/bench_trainer.py
 	$(PY) bench/bench_pipeline.py
 	$(PY) bench/bench_durability.py
+	$(PY) bench/bench_scale.py
 
 # Fault injection on a private RabbitMQ node (never the shared one): SIGKILLs across every service, broker restarts,
 # then the invariants checked from the captured message streams, against an undisturbed run of the same length.
