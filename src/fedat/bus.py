@@ -190,7 +190,7 @@ class Runner:
         self.metrics.state_save_seconds.observe(time.perf_counter() - started)
 
 
-class _Session:
+class Session:
     """One connection's worth of running a service: its unacked deliveries and timers belong to the connection."""
 
     def __init__(self, conn, channel, runner: Runner):
@@ -306,9 +306,7 @@ class _Session:
             self.queue_of[tag] = queue
 
 
-def wait_for_consumers(
-    cfg: BrokerConfig, queue: str, minimum: int, stop: threading.Event, poll: float = 1.0
-) -> bool:
+def wait_for_consumers(cfg: BrokerConfig, queue: str, minimum: int, stop: threading.Event, poll: float = 1.0) -> bool:
     """Block until `queue` has `minimum` consumers (passive declare: no permission needed); False if stopped first."""
     announced = False
     while not stop.is_set():
@@ -327,7 +325,7 @@ def wait_for_consumers(
                 if conn.is_open:
                     conn.close()
         except RECOVERABLE as exc:  # no broker yet, or the queue is not provisioned yet
-            if _refused(exc):
+            if refused(exc):
                 raise BrokerRefused(f"the broker refused access while waiting for {queue}: {exc}") from exc
             stop.wait(poll)
     return False
@@ -337,7 +335,7 @@ class BrokerRefused(RuntimeError):
     """The broker refused our credentials or an operation (403): a configuration error, not a lost connection."""
 
 
-def _refused(exc: Exception) -> bool:
+def refused(exc: Exception) -> bool:
     if isinstance(exc, pe.ProbableAuthenticationError | pe.ProbableAccessDeniedError | pe.AuthenticationError):
         return True
     return isinstance(exc, pe.ChannelClosedByBroker) and exc.reply_code == 403
@@ -369,7 +367,7 @@ def run_service(
             if cfg.declare:
                 topology.declare(channel, cfg.num_tiers)
             channel.basic_qos(prefetch_count=cfg.prefetch)
-            _Session(conn, channel, runner).start()
+            Session(conn, channel, runner).start()
             metrics.connected.set(1)
             log.info("%s connected to the broker", service.name)
             backoff = 0.5
@@ -381,7 +379,7 @@ def run_service(
                     raise pe.ChannelClosed(-1, "channel closed or consumer cancelled by the broker")
         except RECOVERABLE as exc:
             metrics.connected.set(0)
-            if _refused(exc):  # a wrong password or a missing permission does not heal by reconnecting
+            if refused(exc):  # a wrong password or a missing permission does not heal by reconnecting
                 raise BrokerRefused(f"{service.name}: the broker refused access ({exc}); check its user") from exc
             metrics.reconnects.inc()
             log.warning(

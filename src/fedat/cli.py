@@ -7,6 +7,7 @@ import argparse
 import json
 import logging
 import os
+import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -31,10 +32,21 @@ def main(argv: list[str] | None = None) -> None:
     t = sub.add_parser("tabulate", help="rewrite a finished comparison's tables and plots from its compare.json")
     t.add_argument("results_dir", type=Path)
     _provision_parser(sub)
+    sm = sub.add_parser(
+        "simulate",
+        help="run an experiment through the same services in virtual time (services/simulator)",
+        add_help=False,
+    )
+    sm.add_argument("rest", nargs=argparse.REMAINDER)
     k = sub.add_parser("keys", help="write each role's keyring (JSON, mode 0600) derived from a deployment secret")
     k.add_argument("--secret-file", type=Path, required=True, help="the deployment secret, hex (>= 32 bytes)")
     k.add_argument("--out-dir", type=Path, required=True, help="one <role>.json per role is written here")
     k.add_argument("--role", action="append", help="only these roles (default: every role)")
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["simulate"]:
+        # The simulator imports every service; the core must not, so it runs as its own module.
+        sys.exit(subprocess.call([sys.executable, "-m", "fedat_sim", *argv[1:]]))
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     try:

@@ -84,6 +84,8 @@ class Recorder(Reactive):
         msg: Evaluation = inbound.message
         s = self.state
         with s.lock:
+            if any(e["version"] == msg.version for e in s.evaluations):
+                return state, done(inbound)  # a restarted evaluator scored a redelivered version again
             line = {
                 "event": "evaluation",
                 "time": round(msg.evaluated_at - s.started_at, 3),

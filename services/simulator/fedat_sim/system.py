@@ -1,0 +1,157 @@
+"""The whole deployment of one experiment on the memory broker: every service `fedat run` starts, as processes.
+
+Each service is configured exactly as its `main()` configures it, from the experiment's `FEDAT_*` variables (the
+same `settings(env)` functions, so prefetch rules and validation are the production ones), and each role signs and
+verifies with its own keyring (`fedat.signing.keys_for_role`), derived from a secret. Only two things differ from
+`fedat run`, both on purpose: the worker consumes without a prefetch limit and its updates become visible at their
+`not_before` (`fedat_sim.clients`), and the seed job publishes from inside the simulation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import IO
+
+from fedat import bus, config, signing, topology
+from fedat.latency import client_profiles
+from fedat.recorder import Recorder, RunState
+from fedat.run import Experiment
+from fedat.service import Observation, Outgoing
+from fedat.wire import seed_model
+from fedat_aggregator import aggregator_main, barrier_main
+from fedat_aggregator.aggregator import Aggregator
+from fedat_aggregator.barrier import Barrier
+from fedat_aggregator.strategy import STRATEGIES
+from fedat_profiler import main as profiler_main
+from fedat_profiler.profiler import Profiler
+from fedat_sim.clients import Parts, answer_at_not_before, simulated_worker
+from fedat_sim.clock import Clock
+from fedat_sim.memory import MemoryBroker
+from fedat_sim.shell import Process
+from fedat_worker import worker_main
+from fedat_worker.evaluator import Evaluator, EvaluatorConfig
+from fedat_worker.worker import WorkerConfig
+
+# Services that keep a checkpoint (fedat.topology.STATEFUL) run with persistence on, as their processes do.
+DURABLE = frozenset(topology.STATEFUL)
+
+
+def secret_for(seed: int) -> bytes:
+    """A deterministic 32-byte signing secret for a simulation (a replay must sign identically)."""
+    return hashlib.sha256(f"fedat-sim/{seed}".encode()).digest()
+
+
+class System:
+    """The processes of one run on one memory broker, started in `fedat run`'s order."""
+
+    def __init__(
+        self,
+        exp: Experiment,
+        parts: Parts,
+        clock: Clock,
+        broker: MemoryBroker,
+        run_state: RunState,
+        events: IO[str],
+        workers: int = 1,
+        secret: bytes | None = None,
+    ):
+        self.exp, self.parts, self.clock, self.broker = exp, parts, clock, broker
+        self.env = {**exp.env(), "FEDAT_SIGNING": "off"}  # keys are given per role below, not through files
+        self.num_tiers = config.get_int(self.env, "FEDAT_NUM_TIERS", 5)
+        self.secret = secret
+        self.observed: Counter[tuple[str, str, int]] = Counter()
+        broker.declare_topology(self.num_tiers)
+        self.processes: dict[str, Process] = {}
+        self._add("recorder", Recorder(run_state, events), self._broker_cfg("recorder", 16))
+        worker = worker_main.settings(self.env)
+        wcfg = WorkerConfig(worker.tiers, worker.profile_queue, worker.straggler, worker.workload.seed)
+        profiles = client_profiles(worker.workload.num_clients, worker.straggler, worker.workload.seed)
+        for i in range(workers):
+            service = simulated_worker(wcfg, parts, profiles, clock)
+            # No prefetch limit: every client trains on its own (virtual) core.
+            self._add(f"worker-{i}", service, self._broker_cfg("worker", 0), configure=answer_at_not_before)
+        evaluator = EvaluatorConfig(
+            every=config.get_int(self.env, "FEDAT_EVAL_EVERY", 5),
+            interval=config.get_float(self.env, "FEDAT_EVAL_INTERVAL", 0.0),
+        )
+        self._add("evaluator", Evaluator(evaluator, parts.clients, parts.trainer, clock), self._broker_cfg("evaluator"))
+        agg = aggregator_main.settings(self.env)
+        self._add(
+            "aggregator", Aggregator(agg.aggregator, STRATEGIES[agg.strategy]), self._keyed(agg.broker, "aggregator")
+        )
+        bar = barrier_main.settings(self.env)
+        self._add("barrier", Barrier(bar.barrier, STRATEGIES[bar.strategy]), self._keyed(bar.broker, "barrier"))
+        prof = profiler_main.settings(self.env)
+        self._add("profiler", Profiler(prof.profiler), self._keyed(prof.broker, "profiler"))
+
+    # --- configuration ------------------------------------------------------------------------------------------
+    def _keyring(self, role: str) -> signing.Keyring | None:
+        if self.secret is None:
+            return None
+        return signing.Keyring.from_mapping(signing.keys_for_role(self.secret, role))
+
+    def _broker_cfg(self, role: str, prefetch: int | None = None) -> bus.BrokerConfig:
+        """`config.broker(env, prefetch)` as the role's `main()` builds it, with the role's keys."""
+        return self._keyed(config.broker(self.env, prefetch if prefetch is not None else 1), role)
+
+    def _keyed(self, cfg: bus.BrokerConfig, role: str) -> bus.BrokerConfig:
+        return replace(cfg, keyring=self._keyring(role))
+
+    def _add(self, name: str, service, cfg: bus.BrokerConfig, configure=None) -> None:
+        def observe(o: Observation, name: str = name) -> None:
+            self.observed[(name.split("-")[0], o.name, o.tier)] += o.value
+
+        persist = service.name in DURABLE
+        self.processes[name] = Process(name, service, self.broker, self.clock, cfg, persist, observe, configure)
+
+    # --- life -----------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start like `fedat run`: recorder, workers, evaluator, aggregator, barrier; then profiler and seed."""
+        for name, p in self.processes.items():
+            if name != "profiler":
+                p.start()
+        if self.broker.consumer_count(topology.PROFILE_QUEUE) < 1:  # the profiler's `wait_for`
+            raise RuntimeError("no worker consumes the profiling queue: the profiler would wait forever")
+        self.processes["profiler"].start()
+        self.publish_seed()
+
+    def publish_seed(self) -> None:
+        """`fedat-seed`: w0 from the experiment's model, published once (encode and sign first, as publish_once)."""
+        cfg = self._broker_cfg("seed")
+        msg = seed_model(
+            list(self.parts.initial),
+            list(self.parts.names),
+            self.num_tiers,
+            config.get_str(self.env, "FEDAT_CODEC", "polyline"),
+            config.get_int(self.env, "FEDAT_PRECISION", 4),
+            self.clock.now,
+        )
+        sent = bus.encode_all([Outgoing(topology.GLOBAL, "", msg)], cfg)
+        conn = self.broker.connect("seed")
+        channel = conn.channel()
+        channel.confirm_delivery()
+        if cfg.declare:
+            topology.declare(channel, cfg.num_tiers)
+        bus.publish_sent(channel, sent)
+        conn.close()
+
+    def stop(self, names: list[str] | None = None) -> None:
+        """Stop these processes (all by default) for good."""
+        for name in names if names is not None else list(self.processes):
+            self.processes[name].stop()
+
+    def workers(self) -> list[str]:
+        """Names of the worker processes."""
+        return [n for n in self.processes if n.startswith("worker-")]
+
+    def counts(self) -> Mapping[str, int]:
+        """Crashes, reconnects and handler errors over every process."""
+        ps = self.processes.values()
+        return {
+            "crashes": sum(p.crashes for p in ps),
+            "reconnects": sum(p.reconnects for p in ps),
+            "handler_errors": sum(p.handler_errors() for p in ps),
+        }

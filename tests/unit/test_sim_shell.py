@@ -1,0 +1,129 @@
+"""The production shell (fedat.bus Runner and Session) over the memory broker: write-ahead holds wherever it is cut."""
+
+from __future__ import annotations
+
+import numpy as np
+import pika
+import pytest
+
+from fedat import bus, checkpoint, topology, wire
+from fedat.recorder import RunState
+from fedat.run import Experiment
+from fedat.service import NOTHING, Outgoing, Subscription, done
+from fedat.statecodec import StateCodec
+from fedat_sim.clock import ORIGIN, Clock
+from fedat_sim.dst import experiment
+from fedat_sim.fakes import fake_parts
+from fedat_sim.memory import MemoryBroker
+from fedat_sim.shell import Process, ProcessKilled, ServiceDied
+from fedat_sim.system import System, secret_for
+
+
+class Counter:
+    """A durable service: every new round report (by id) bumps a count and publishes assignment `a<count>`."""
+
+    name = "profiler"  # borrows the profiler's state queue
+    codec = StateCodec(1, ())
+
+    def initial(self) -> tuple[str, ...]:
+        return ()
+
+    def subscriptions(self):
+        return {topology.PROFILER_REPORTS: Subscription(wire.RoundReport, self.on_report)}
+
+    def on_start(self, state, now):
+        return state, NOTHING
+
+    def on_timer(self, state, key, now, held):
+        return state, NOTHING
+
+    def on_report(self, state, inbound, now, held):
+        if inbound.message.id in state:
+            return state, done(inbound)  # a redelivered input: its effect is already saved
+        n = len(state) + 1
+        out = wire.TierAssignment(id=f"a{n}", epoch=n, tiers=((0,),), latencies={}, created_at=now)
+        return (*state, inbound.message.id), done(inbound, Outgoing(topology.CONTROL, "", out))
+
+
+def report(i: int) -> bytes:
+    return wire.encode(wire.RoundReport(f"rr{i}", 1, i, {}, (), 0.0, 0.0))
+
+
+def send_reports(channel, numbers: range) -> None:
+    for i in numbers:
+        channel.basic_publish(
+            topology.EVENTS, topology.ROUND_REPORT_KEY, report(i), pika.BasicProperties(type="round-report")
+        )
+
+
+@pytest.mark.parametrize("op", [1, 2, 3])
+@pytest.mark.parametrize("after", [False, True])
+def test_a_kill_anywhere_in_a_transition_loses_nothing_and_redoes_nothing(op, after):
+    # A transition's operations: 1 save the checkpoint, 2 publish the output, 3 ack the input.
+    clock = Clock()
+    broker = MemoryBroker(clock)
+    broker.declare_topology(1)
+    cfg = bus.BrokerConfig(num_tiers=1, prefetch=1)
+    p = Process("counter", Counter(), broker, clock, cfg)
+    p.start()
+    outputs: list[tuple[str, bytes]] = []
+    broker.taps.append(lambda ex, key, body, props: ex == topology.CONTROL and outputs.append((props.message_id, body)))
+    pub = broker.connect("barrier").channel()
+    send_reports(pub, range(1, 4))
+    clock.run(ORIGIN + 1)  # the first input is handled
+    p.conn.sabotage(op, ProcessKilled(restart_after=2.0), after)
+    send_reports(pub, range(4, 7))
+    clock.run(ORIGIN + 30)
+    assert p.crashes == 1 and p.runner.state == tuple(f"rr{i}" for i in range(1, 7))
+    ids = [i for i, _ in outputs]
+    assert sorted(set(ids), key=lambda s: int(s[1:])) == [f"a{n}" for n in range(1, 7)]
+    assert all(len({b for i, b in outputs if i == x}) == 1 for x in ids)  # a copy is the same bytes (the outbox)
+    assert broker.audit() == []  # every input acked exactly once
+
+
+def test_a_forged_update_is_dead_lettered_with_its_reason_by_the_real_shell():
+    clock = Clock()
+    broker = MemoryBroker(clock)
+    exp = experiment(seed=0, strategy="fedat")
+    system = System(exp, fake_parts(10), clock, broker, RunState(clock.now), _Sink(), 1, secret_for(0))
+    system.start()
+    layers = wire.encode_model([np.zeros(s, np.float32) for s in ((6, 4), (4,))], ["layer0", "layer1"], "raw")
+    forged = wire.Update("u-x", "t1-r1-c0-v0", 0, 1, 1, 0, 20, 0.1, 0.0, 0.0, 0.0, 0.0, 0.0, False, layers)
+    broker.connect("mallory").channel().basic_publish(
+        topology.RESULTS, "tier-1", wire.encode(forged), pika.BasicProperties(message_id="u-x", type="update")
+    )
+    clock.run(clock.now + 1)
+    (dead,) = [e for e in broker.ready_messages(topology.DEAD_LETTERS) if e.properties.message_id == "u-x"]
+    assert "unsigned update" in dead.properties.headers[topology.HEADER_REASON]
+    assert dead.properties.headers[topology.HEADER_SOURCE_QUEUE] == topology.barrier_queue(1)
+
+
+def test_a_checkpoint_the_service_cannot_read_kills_the_process_like_a_crash_loop():
+    clock = Clock()
+    broker = MemoryBroker(clock)
+    broker.declare_topology(1)
+    c = checkpoint.Checkpoint("profiler", 1, 0.0, b"not msgpack state", ())
+    pub = broker.connect("x").channel()
+    pub.basic_publish(topology.STATE, "profiler", checkpoint.encode(c), pika.BasicProperties(type="checkpoint"))
+    p = Process("counter", Counter(), broker, clock, bus.BrokerConfig(num_tiers=1))
+    with pytest.raises(ServiceDied, match="counter died"):
+        p.start()
+
+
+def test_system_settings_come_from_the_production_settings_functions():
+    exp = Experiment("x", 1, 1, {"num_tiers": 2, "clients_per_round": 4, "min_clients": 2, "num_clients": 8})
+    clock = Clock()
+    system = System(exp, fake_parts(8), clock, MemoryBroker(clock), RunState(clock.now), _Sink())
+    assert system.processes["barrier"].cfg.prefetch == 64  # max(64, 4 * k * tiers + 8)
+    assert system.processes["aggregator"].cfg.prefetch == 4
+    assert system.processes["profiler"].cfg.prefetch == 64
+    assert system.processes["worker-0"].cfg.prefetch == 0  # every client on its own virtual core
+    assert system.processes["barrier"].cfg.keyring is None  # unsigned unless a secret is given
+
+
+class _Sink:
+    def write(self, text: str) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass

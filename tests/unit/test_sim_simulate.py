@@ -1,0 +1,87 @@
+"""`fedat_sim.simulate` writes the results folder of `fedat run`, in virtual time, the same for the same seed."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedat.run import Experiment, load_experiment
+from fedat_sim import simulate
+from fedat_sim.fakes import fake_parts
+
+FMNIST = Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
+
+SMALL = {
+    "strategy": "fedat",
+    "num_clients": 8,
+    "num_tiers": 2,
+    "clients_per_round": 3,
+    "min_clients": 2,
+    "epochs": 1,
+    "batch_size": 10,
+    "codec": "polyline",
+    "precision": 4,
+    "time_scale": 1.0,
+    "delays": [0, 1, 5, 10],
+    "device_factor": [1, 2],
+    "step_seconds": 0.2,
+    "eval_every": 0,
+    "eval_interval": 15,
+    "profile_concurrency": 8,
+    "min_deadline": 3,
+    "seed": 0,
+}
+
+
+def events(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+
+
+def test_a_simulation_writes_the_results_folder_of_fedat_run(tmp_path):
+    summary = simulate(Experiment("tiny", 2, 1, dict(SMALL)), tmp_path, 3, parts=fake_parts(8), tag="a")
+    run = tmp_path / "a"
+    assert {"experiment.json", "events.jsonl", "summary.json"} <= {p.name for p in run.iterdir()}
+    meta = json.loads((run / "experiment.json").read_text())
+    assert meta["minutes"] == 3 and meta["simulated"]["virtual_minutes"] == 3 and meta["settings"]["num_tiers"] == 2
+    assert json.loads((run / "summary.json").read_text()) == summary
+    assert summary["failure"] is None and summary["simulated"] and summary["virtual_seconds"] == 180
+    assert all(n > 0 for n in summary["tier_rounds"]) and summary["client_trainings"] >= summary["client_updates"]
+    times = [e["time"] for e in events(run)]
+    assert times == sorted(times) and times[-1] <= 180  # virtual seconds since the profiling pass
+    assert summary["evaluations"] == len([e for e in events(run) if e["event"] == "evaluation"]) >= 12
+
+
+def test_the_same_experiment_and_seed_give_the_same_events_and_another_seed_does_not(tmp_path):
+    exp = Experiment("tiny", 2, 1, dict(SMALL))
+    simulate(exp, tmp_path, 2, parts=fake_parts(8), tag="a")
+    simulate(exp, tmp_path, 2, parts=fake_parts(8), tag="b")
+    simulate(exp, tmp_path, 2, seed=1, parts=fake_parts(8), tag="c")
+    a, b, c = ((tmp_path / t / "events.jsonl").read_bytes() for t in "abc")
+    assert a == b and a != c
+    assert json.loads((tmp_path / "c" / "experiment.json").read_text())["settings"]["seed"] == 1
+
+
+@pytest.mark.tf
+def test_a_tiny_logreg_experiment_runs_every_tier_and_learns_and_repeats_exactly(tmp_path):
+    pytest.importorskip("tensorflow")
+    if not FMNIST.exists():
+        pytest.skip("Fashion-MNIST is not installed (make data)")
+    yaml = tmp_path / "tiny.yaml"
+    settings = {**SMALL, "dataset": "fashion-mnist", "model": "logreg", "partition": "shards", "samples_per_client": 60}
+    settings.update(learning_rate=0.01, prox_lambda=0.0, classes_per_client=2)
+    yaml.write_text(json.dumps({"name": "sim-tiny", "workers": 1, "minutes": 3, "settings": settings}))
+    assert load_experiment(yaml).settings["model"] == "logreg"
+    for tag in ("a", "b"):  # the command line, twice, in fresh interpreters
+        cmd = [sys.executable, "-m", "fedat_sim", str(yaml), "--results", str(tmp_path), "--tag", tag]
+        subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=300)
+    run = tmp_path / "a"
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["failure"] is None and len(summary["tier_rounds"]) == 2 and min(summary["tier_rounds"]) > 0
+    curve = [e["accuracy"] for e in events(run) if e["event"] == "evaluation"]
+    assert len(curve) >= 10 and max(curve) > curve[0] + 0.2  # it learns (10 classes: chance is 0.1)
+    assert (run / "accuracy_vs_time.png").exists()
+    assert (run / "events.jsonl").read_bytes() == (tmp_path / "b" / "events.jsonl").read_bytes()
