@@ -176,3 +176,14 @@ def running(
     finally:
         stop.set()
         t.join(timeout=10)
+
+
+def wait_for(predicate, timeout: float, what: str, every: float = 0.2):
+    """Poll `predicate` until it returns something true (returned), or fail naming `what` after `timeout` s."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")

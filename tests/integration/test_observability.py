@@ -25,6 +25,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from .broker import wait_for
+
 pytestmark = [pytest.mark.broker, pytest.mark.tf, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "infra" / "grafana" / "fedat.json"
@@ -134,16 +136,6 @@ class Run:
         raise AssertionError(f"no line matching {pattern!r} within {timeout}s:\n" + "\n".join(self.lines[-40:]))
 
 
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 def test_every_dashboard_and_rule_query_runs_against_a_real_run(tmp_path):
     if shutil.which("prometheus") is None or shutil.which("promtool") is None:
         pytest.skip("the prometheus server and promtool are not installed: `apt-get install -y prometheus`")
@@ -160,7 +152,7 @@ def test_every_dashboard_and_rule_query_runs_against_a_real_run(tmp_path):
             targets = prom.get("/api/v1/targets")["data"]["activeTargets"]
             return targets if all(t["health"] == "up" for t in targets) else None
 
-        targets = wait_for(all_up, 60, "every scrape target up")
+        targets = wait_for(all_up, 60, "every scrape target up", every=1)
         jobs = sorted(t["labels"]["job"] for t in targets)
         assert jobs == [
             "fedat-aggregator",
@@ -191,7 +183,7 @@ def test_every_dashboard_and_rule_query_runs_against_a_real_run(tmp_path):
                 and time.time() - running_since > 35  # a full $__rate_interval of rounds
             )
 
-        wait_for(progressed, 60, "two tiers closing rounds, an evaluation and the broker's queue metrics")
+        wait_for(progressed, 60, "two tiers closing rounds, an evaluation and the broker's queue metrics", every=1)
         tiers = sorted(s["metric"]["tier"] for s in prom.values("count by (tier) (fedat_tier_rounds_closed_total)"))
         assert tiers == ["1", "2"]
         (vhost,) = [s["metric"]["vhost"] for s in prom.values("count by (vhost) (rabbitmq_detailed_queue_messages)")]

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ import pytest
 from fedat import topology
 from fedat.signing import Keyring
 
-from .broker import fetch, queue_counts, running
+from .broker import fetch, queue_counts, running, wait_for
 from .test_pipeline import aggregator, barrier, start_tier
 
 pytestmark = [pytest.mark.broker, pytest.mark.tf, pytest.mark.slow]
@@ -50,16 +49,6 @@ def start_worker(url: str) -> subprocess.Popen:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def test_a_worker_killed_mid_task_loses_nothing_and_counts_nothing_twice(vhost_url):
