@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 import pika
@@ -199,6 +200,7 @@ class Session:
         self.subscriptions = self.service.subscriptions()
         self.unacked: dict[int, tuple] = {}  # raw deliveries by tag, so a held one can be dead-lettered byte for byte
         self.held: dict[int, Held] = {}  # what handlers see of the deliveries they hold
+        self.held_view = MappingProxyType(self.held)  # read-only and live: no copy per message
 
     def commit(self, state: Any, effects: Effects, inbound: Inbound | None = None) -> None:
         """Carry out a transition: encode, save, publish, dead-letter, ack, hold, arm timers."""
@@ -264,7 +266,7 @@ class Session:
                 queue, self.decode(queue, props, body), method.delivery_tag, bool(method.redelivered), len(body), now
             )
             handler = self.subscriptions[queue].handler
-            state, effects = handler(self.runner.state, inbound, now, dict(self.held))
+            state, effects = handler(self.runner.state, inbound, now, self.held_view)
             self.commit(state, effects, inbound)
         except (wire.WireError, Reject) as exc:  # malformed, forged (SignatureError is a WireError) or refused
             if method.delivery_tag in self.unacked:
@@ -286,7 +288,7 @@ class Session:
     def on_timer(self, key: str) -> None:
         try:
             now = self.runner.clock()
-            state, effects = self.service.on_timer(self.runner.state, key, now, dict(self.held))
+            state, effects = self.service.on_timer(self.runner.state, key, now, self.held_view)
             self.commit(state, effects)
         except RECOVERABLE:
             raise

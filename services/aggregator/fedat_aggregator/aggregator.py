@@ -201,7 +201,7 @@ class Aggregator(Reactive):
 
     def _remember(self, history: Mapping[int, Weights], version: int, model: Weights) -> dict[int, Weights]:
         """The versions a strategy may still need as an arrival's base (its `history`, newest kept)."""
-        keep = getattr(self.strategy, "history", 0)
+        keep = self.strategy.history
         if keep <= 0:
             return {}
         kept = {v: w for v, w in history.items() if v > version - keep}
