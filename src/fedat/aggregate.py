@@ -167,3 +167,38 @@ def copies_average(total: Sequence[np.ndarray], total_n: float) -> Weights:
     if not total_n > 0:
         raise ValueError(f"copies_average: the copies hold no samples (Σ n = {total_n})")
     return [(a / total_n).astype(np.float32) for a in total]
+
+
+def delta_step(
+    global_model: Sequence[np.ndarray], model: Sequence[np.ndarray], base: Sequence[np.ndarray], scale: float
+) -> Weights:
+    """fedat-delta's server step: w ← w + scale · (model − base), computed in float64, returned as float32."""
+    _check_like("delta_step", global_model, model)
+    _check_like("delta_step", model, base)
+    if not np.isfinite(scale):
+        raise ValueError(f"delta_step: scale must be finite, got {scale}")
+    return [
+        (g.astype(np.float64) + scale * (m.astype(np.float64) - b)).astype(np.float32)
+        for g, m, b in zip(global_model, model, base, strict=True)
+    ]
+
+
+def tier_balance(counts: Sequence[int], arrived: int, exponent: float) -> float:
+    """fedat-delta's tier factor c_m = clip(((T / M) / T_m) ** exponent, 1/M, M) over the M tiers reported so far.
+
+    (T / M) / T_m is the inverse of tier m's share of the updates relative to an even share, so with exponent 1 every
+    tier moves the global model alike per unit time (what the paper's mirrored counts aim at), with 0 not at all.
+    Start-up rule as in `fedat_tier_weights`: M and T count only the tiers that have reported, so a tier that never
+    runs (or has not yet) does not shrink everyone's step; a single reported tier gets 1.
+    """
+    t = np.asarray(counts, dtype=np.float64)
+    if t.ndim != 1 or np.any(t < 0):
+        raise ValueError(f"tier_balance: counts must be a 1-D sequence of non-negative ints, got {counts}")
+    if not 0 <= arrived < t.size or t[arrived] <= 0:
+        raise ValueError(f"tier_balance: tier {arrived} has no counted update in {counts}")
+    if not np.isfinite(exponent):
+        raise ValueError(f"tier_balance: exponent must be finite, got {exponent}")
+    reported = t[t > 0]
+    m = float(reported.size)
+    share = (reported.sum() / m) / t[arrived]
+    return float(np.clip(share**exponent, 1.0 / m, m))

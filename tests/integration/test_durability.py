@@ -12,7 +12,7 @@ from fedat.bus import BrokerStore
 from fedat.wire import GlobalModel, decode_model, encode
 from fedat_aggregator.aggregator import Aggregator, AggregatorConfig
 from fedat_aggregator.barrier import Barrier, BarrierConfig, Phase
-from fedat_aggregator.strategy import STRATEGIES
+from fedat_aggregator.strategy import build_strategy
 from fedat_profiler.profiler import Profiler, ProfilerConfig, Stage
 
 from ..factories import answer
@@ -24,11 +24,11 @@ pytestmark = pytest.mark.broker
 
 def barrier() -> Barrier:
     cfg = BarrierConfig(tiers=(1,), codec="raw", tier_codec="raw", clients_per_round=3, min_clients=3, min_deadline=60)
-    return Barrier(cfg, STRATEGIES["fedat"])
+    return Barrier(cfg, build_strategy("fedat"))
 
 
 def aggregator() -> Aggregator:
-    return Aggregator(AggregatorConfig(num_tiers=1, codec="raw"), STRATEGIES["fedat"])
+    return Aggregator(AggregatorConfig(num_tiers=1, codec="raw"), build_strategy("fedat"))
 
 
 def versions_until(url: str, version: int) -> list[GlobalModel]:

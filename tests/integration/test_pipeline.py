@@ -12,7 +12,7 @@ from fedat.tiering import tier_of
 from fedat.wire import RoundReport, TierAssignment, Update, decode_model, encode_model
 from fedat_aggregator.aggregator import Aggregator, AggregatorConfig
 from fedat_aggregator.barrier import Barrier, BarrierConfig
-from fedat_aggregator.strategy import STRATEGIES
+from fedat_aggregator.strategy import build_strategy
 from fedat_profiler.profiler import Profiler, ProfilerConfig
 
 from ..factories import SHAPES, answer, seed
@@ -32,11 +32,11 @@ def start_tier(url: str, clients: tuple[int, ...], shapes=SHAPES, keyring=None) 
 def barrier(**kw) -> Barrier:
     kw.setdefault("min_deadline", 30.0)
     cfg = BarrierConfig(tiers=(1,), codec="raw", tier_codec="raw", **kw)
-    return Barrier(cfg, STRATEGIES["fedat"])
+    return Barrier(cfg, build_strategy("fedat"))
 
 
 def aggregator() -> Aggregator:
-    return Aggregator(AggregatorConfig(num_tiers=1, codec="raw"), STRATEGIES["fedat"])
+    return Aggregator(AggregatorConfig(num_tiers=1, codec="raw"), build_strategy("fedat"))
 
 
 def test_topology_is_declared_as_documented(vhost_url):
@@ -104,7 +104,7 @@ def test_malformed_and_oversize_messages_are_dead_lettered_and_the_round_goes_on
 def test_a_dropout_closes_the_round_at_its_deadline(vhost_url):
     b = Barrier(
         BarrierConfig(tiers=(1,), codec="raw", tier_codec="raw", clients_per_round=3, min_clients=2, min_deadline=2.0),
-        STRATEGIES["fedat"],
+        build_strategy("fedat"),
     )
     with running(b, vhost_url, 1), running(aggregator(), vhost_url, 1):
         start_tier(vhost_url, (0, 1, 2))
@@ -121,7 +121,7 @@ def test_a_dropout_closes_the_round_at_its_deadline(vhost_url):
 def test_below_the_minimum_the_round_is_reissued_to_fresh_clients(vhost_url):
     b = Barrier(
         BarrierConfig(tiers=(1,), codec="raw", tier_codec="raw", clients_per_round=2, min_clients=2, min_deadline=1.5),
-        STRATEGIES["fedat"],
+        build_strategy("fedat"),
     )
     with running(b, vhost_url, 1), running(aggregator(), vhost_url, 1):
         start_tier(vhost_url, (0, 1, 2, 3))

@@ -11,7 +11,7 @@ from fedat import topology
 from fedat.wire import GlobalModel
 from fedat_aggregator.aggregator import Aggregator, AggregatorConfig
 from fedat_aggregator.barrier import Barrier, BarrierConfig
-from fedat_aggregator.strategy import STRATEGIES
+from fedat_aggregator.strategy import STRATEGIES, build_strategy
 
 from ..factories import answer
 from .broker import fetch, publish, running
@@ -29,7 +29,7 @@ def small(strategy):
 
 @pytest.mark.parametrize("name", sorted(STRATEGIES))
 def test_every_strategy_publishes_two_versions_from_real_rounds(vhost_url, name):
-    strategy = small(STRATEGIES[name])
+    strategy = small(build_strategy(name))
     per_round = 1 if "concurrency" in strategy.__dataclass_fields__ else 2
     cfg = BarrierConfig(tiers=(1,), clients_per_round=per_round, min_clients=1, codec="raw", min_deadline=30.0)
     barrier = Barrier(cfg, strategy)

@@ -11,12 +11,14 @@ from fedat.aggregate import (
     apply_buffer,
     constant_staleness,
     copies_average,
+    delta_step,
     fedasync_mix,
     fedat_tier_weights,
     hinge_staleness,
     polynomial_staleness,
     replace_copy,
     sample_weighted_average,
+    tier_balance,
     uniform_tier_weights,
     weighted_average,
 )
@@ -324,3 +326,64 @@ def test_copies_average_hand_computed():
 def test_copies_average_without_samples():
     with pytest.raises(ValueError, match="no samples"):
         copies_average([np.zeros(1)], 0.0)
+
+
+# --- fedat-delta: delta_step / tier_balance -----------------------------------------------------------------------
+
+
+def test_delta_step_hand_computed():
+    # [1, 2] + 0.5 · ([5, 2] − [1, 4]) = [1, 2] + [2, −1] = [3, 1]
+    out = delta_step([f32(1, 2)], [f32(5, 2)], [f32(1, 4)], 0.5)
+    np.testing.assert_allclose(out[0], [3.0, 1.0])
+    assert out[0].dtype == np.float32
+
+
+def test_delta_step_from_the_current_model_with_scale_one_is_the_model():
+    g, w = [f32(0.1, -3.7), f32(1e-3)], [f32(0.3, 2.9), f32(-7.25)]
+    out = delta_step(g, w, g, 1.0)
+    for a, b in zip(out, w, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_delta_step_leaves_its_inputs_alone_and_checks_shapes():
+    g = [f32(1, 1)]
+    delta_step(g, [f32(2, 2)], [f32(0, 0)], 1.0)
+    np.testing.assert_array_equal(g[0], [1.0, 1.0])
+    with pytest.raises(ValueError, match="shape"):
+        delta_step([f32(1, 2)], [f32(1, 2)], [f32(1, 2, 3)], 1.0)
+    with pytest.raises(ValueError, match="finite"):
+        delta_step([f32(1)], [f32(1)], [f32(1)], float("nan"))
+
+
+def test_tier_balance_exponent_zero_is_one():
+    assert tier_balance([50, 10, 5], 0, 0.0) == 1.0 == tier_balance([50, 10, 5], 2, 0.0)
+
+
+def test_tier_balance_favours_the_rarer_tier():
+    # T = 60, M = 3, T/M = 20: tier 0 (40 updates) 0.5, tier 2 (5 updates) 4 -> clipped to M = 3
+    assert tier_balance([40, 15, 5], 0, 1.0) == pytest.approx(0.5)
+    assert tier_balance([40, 15, 5], 1, 1.0) == pytest.approx(20 / 15)
+    assert tier_balance([40, 15, 5], 2, 1.0) == 3.0
+    assert tier_balance([40, 15, 5], 2, 0.5) == pytest.approx(2.0)  # sqrt(4)
+
+
+def test_tier_balance_clips_to_one_over_m():
+    # T = 1000, M = 2, T/M = 500, tier 0: 500 / 990 ≈ 0.505 ** 3 ≈ 0.129 -> 1/2
+    assert tier_balance([990, 10], 0, 3.0) == 0.5
+
+
+def test_tier_balance_counts_only_reported_tiers():
+    assert tier_balance([7, 0, 0], 0, 1.0) == 1.0  # alone: nothing to balance against
+    # reported [6, 2]: T/M = 4, tier 2 -> 4 / 2 = 2 (the silent tier does not count)
+    assert tier_balance([6, 0, 2], 2, 1.0) == pytest.approx(2.0)
+
+
+def test_tier_balance_rejects_bad_input():
+    with pytest.raises(ValueError, match="no counted update"):
+        tier_balance([3, 0], 1, 1.0)
+    with pytest.raises(ValueError, match="no counted update"):
+        tier_balance([3, 1], 2, 1.0)
+    with pytest.raises(ValueError, match="non-negative"):
+        tier_balance([3, -1], 0, 1.0)
+    with pytest.raises(ValueError, match="finite"):
+        tier_balance([3, 1], 0, float("inf"))

@@ -10,7 +10,7 @@ from fedat.service import Inbound, Reject
 from fedat.tiering import tier_of
 from fedat.wire import GlobalModel, RoundReport, TierModel, TrainTask, Update, decode_model, encode_model, seed_model
 from fedat_aggregator.aggregator import Aggregator, AggregatorConfig
-from fedat_aggregator.strategy import STRATEGIES, FedBuff
+from fedat_aggregator.strategy import FedBuff, build_strategy
 from fedat_profiler.profiler import Profiler, ProfilerConfig
 
 from ..driver import Driver
@@ -53,7 +53,10 @@ def tier_model(tier: int, rnd: int, value: float, shape=(2,), base_version=0, cl
     )
 
 
-def aggregator(tiers=3, strategy=STRATEGIES["fedat"]) -> Aggregator:
+FEDAT = build_strategy("fedat")
+
+
+def aggregator(tiers=3, strategy=FEDAT) -> Aggregator:
     return Run(Aggregator(AggregatorConfig(num_tiers=tiers, codec="raw"), strategy))
 
 
@@ -162,7 +165,7 @@ def test_fedbuff_arrival_whose_base_left_the_history_counts_but_adds_nothing():
 
 
 def test_aso_fed_averages_the_latest_copy_of_each_client():
-    a = seeded(STRATEGIES["aso-fed"])
+    a = seeded(build_strategy("aso-fed"))
     a.handle(inbound(tier_model(1, 1, 2.0, clients=(1, 2))), 0.0)  # clients 1, 2 hold [2, 2] with 5 samples each
     (out,) = a.handle(inbound(tier_model(2, 1, 8.0, clients=(3,))), 0.0).publish
     # (5·2 + 5·2 + 10·8) / 20 = 5

@@ -11,7 +11,7 @@ from fedat import topology
 from fedat.service import Reject
 from fedat.wire import GlobalModel, TierAssignment, TrainTask, Update, decode_model
 from fedat_aggregator.barrier import Barrier, BarrierConfig, Phase
-from fedat_aggregator.strategy import STRATEGIES
+from fedat_aggregator.strategy import build_strategy
 
 from ..driver import Driver
 from ..factories import answer, seed
@@ -49,7 +49,7 @@ def update(task: TrainTask, value: float, n: int = 1, not_before: float = 0.0) -
 def opened(k=3, min_clients=2, clients=(0, 1, 2, 3)):
     b = Barrier(
         BarrierConfig(tiers=(1,), clients_per_round=k, min_clients=min_clients, codec="raw", min_deadline=5.0),
-        STRATEGIES["fedat"],
+        build_strategy("fedat"),
     )
     feed = b = Feed(b)
     feed(topology.BARRIER_ASSIGNMENTS, TierAssignment("a1", 1, (clients,), {c: 1.0 for c in clients}, 0.0))
@@ -163,7 +163,7 @@ def test_a_restart_forgets_held_updates_but_keeps_the_round_and_its_deadline():
 
 
 def test_with_tifl_only_one_tier_runs_at_a_time():
-    b = Barrier(BarrierConfig(tiers=(1, 2), clients_per_round=1, min_clients=1, codec="raw"), STRATEGIES["tifl"])
+    b = Barrier(BarrierConfig(tiers=(1, 2), clients_per_round=1, min_clients=1, codec="raw"), build_strategy("tifl"))
     feed = b = Feed(b)
     feed(topology.BARRIER_ASSIGNMENTS, TierAssignment("a1", 1, ((0, 1), (2, 3)), {c: 1.0 for c in range(4)}, 0.0))
     fx = feed(topology.BARRIER_GLOBAL, replace(seed(2, SHAPES)))
@@ -224,7 +224,7 @@ def test_fedprox_stragglers_run_fewer_epochs_and_everyone_else_all_of_them():
     clients = (0, 1, 2, 3)
     b = Barrier(
         BarrierConfig(tiers=(1,), clients_per_round=4, epochs=3, straggler_fraction=0.5, codec="raw"),
-        STRATEGIES["fedat"],
+        build_strategy("fedat"),
     )
     feed = b = Feed(b)
     feed(topology.BARRIER_ASSIGNMENTS, TierAssignment("a1", 1, (clients,), {0: 4.0, 1: 1.0, 2: 3.0, 3: 2.0}, 0.0))
@@ -265,7 +265,7 @@ def test_fedbuff_restarts_a_client_when_its_round_closes_before_any_merge():
 def test_an_evaluation_gives_each_tier_its_clients_mean_accuracy():
     from fedat.wire import Evaluation
 
-    b = Barrier(BarrierConfig(tiers=(1, 2), clients_per_round=1, min_clients=1, codec="raw"), STRATEGIES["tifl"])
+    b = Barrier(BarrierConfig(tiers=(1, 2), clients_per_round=1, min_clients=1, codec="raw"), build_strategy("tifl"))
     feed = b = Feed(b)
     feed(topology.BARRIER_ASSIGNMENTS, TierAssignment("a1", 1, ((0, 2), (1, 3)), {c: 1.0 for c in range(4)}, 0.0))
     ev = Evaluation("e5", 5, 0.5, 1.0, 0.1, 4, 0.0, accuracies=(0.2, 0.7, 0.4, 0.9))

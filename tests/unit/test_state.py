@@ -15,10 +15,12 @@ from fedat.statecodec import StateCodec, StateError
 from fedat.wire import TierAssignment, TrainTask
 from fedat_aggregator.aggregator import Aggregator, AggregatorConfig, Merged
 from fedat_aggregator.barrier import Barrier, BarrierConfig, Phase
-from fedat_aggregator.strategy import STRATEGIES, ASOFed, FedBuff
+from fedat_aggregator.strategy import ASOFed, FedBuff, build_strategy
 
 from ..driver import Driver
 from ..factories import answer, seed
+
+FEDAT = build_strategy("fedat")
 
 
 class Colour(enum.Enum):
@@ -110,7 +112,7 @@ SHAPES = [(2,)]
 
 
 def barrier_at_round_1(k: int = 3):
-    d = Driver(Barrier(BarrierConfig(tiers=(1,), clients_per_round=k, min_clients=k, codec="raw"), STRATEGIES["fedat"]))
+    d = Driver(Barrier(BarrierConfig(tiers=(1,), clients_per_round=k, min_clients=k, codec="raw"), FEDAT))
     d.deliver(topology.BARRIER_ASSIGNMENTS, TierAssignment("a1", 1, ((0, 1, 2, 3),), {c: 1.0 for c in range(4)}, 0.0))
     tasks = [o.message for o in d.deliver(topology.BARRIER_GLOBAL, seed(1, SHAPES)).publish]
     return d, tasks
@@ -156,7 +158,7 @@ def test_restored_draws_are_the_same_clients():
 
 
 def test_a_global_model_moves_closed_rounds_to_merged_and_old_ones_are_forgotten():
-    d = Driver(Barrier(BarrierConfig(tiers=(1,), clients_per_round=1, min_clients=1, codec="raw"), STRATEGIES["fedat"]))
+    d = Driver(Barrier(BarrierConfig(tiers=(1,), clients_per_round=1, min_clients=1, codec="raw"), FEDAT))
     d.deliver(topology.BARRIER_ASSIGNMENTS, TierAssignment("a1", 1, ((0, 1),), {0: 1.0, 1: 1.0}, 0.0))
     fx = d.deliver(topology.BARRIER_GLOBAL, seed(1, SHAPES))
     for v in range(1, 70):
@@ -168,7 +170,7 @@ def test_a_global_model_moves_closed_rounds_to_merged_and_old_ones_are_forgotten
     assert merged == list(range(6, 70)) and d.state.rounds[(1, 70)].phase is Phase.COLLECTING
 
 
-@pytest.mark.parametrize("strategy", [STRATEGIES["fedat"], FedBuff(buffer_size=2, history=2), ASOFed()])
+@pytest.mark.parametrize("strategy", [FEDAT, FedBuff(buffer_size=2, history=2), ASOFed()])
 def test_the_aggregator_state_survives_a_crash_with_its_strategy_state(strategy):
     from .test_aggregator_profiler import tier_model
 

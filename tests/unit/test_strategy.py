@@ -5,21 +5,27 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fedat.config import ConfigError
 from fedat_aggregator.strategy import (
     STRATEGIES,
     ASOFed,
     Buffer,
     CrossTier,
     FedAsync,
+    FedATDelta,
     FedBuff,
     GlobalMerge,
+    Params,
     TierStats,
     TierWeighted,
     TiFL,
+    build_strategy,
+    params_from_env,
+    strategy_from_env,
 )
 
-FEDAT = STRATEGIES["fedat"]
-UNIFORM = STRATEGIES["fedat-uniform"]
+FEDAT = build_strategy("fedat")
+UNIFORM = build_strategy("fedat-uniform")
 
 
 def f32(*values) -> np.ndarray:
@@ -27,9 +33,16 @@ def f32(*values) -> np.ndarray:
 
 
 def test_registry_names():
-    assert {"fedat", "fedat-uniform"} <= set(STRATEGIES)
+    assert {"fedat", "fedat-uniform", "fedat-delta"} <= set(STRATEGIES)
     assert FEDAT.name == "fedat" and UNIFORM.name == "fedat-uniform"
     assert isinstance(FEDAT, TierWeighted)
+    assert all(build_strategy(name).name == name for name in STRATEGIES)
+
+
+def test_every_strategy_shares_client_selection_and_the_tier_merge():
+    strategies = [build_strategy(name) for name in STRATEGIES]
+    assert len({type(s).select_clients for s in strategies}) == 1
+    assert len({type(s).merge_tier for s in strategies}) == 1
 
 
 def test_select_clients_k_distinct_candidates():
@@ -118,7 +131,7 @@ def test_fedat_schedules_every_tier_whose_round_is_merged():
 
 
 def test_tifl_runs_one_tier_at_a_time():
-    tifl = STRATEGIES["tifl"]
+    tifl = build_strategy("tifl")
     rng = np.random.default_rng(0)
     assert tifl.schedule({1: 0, 2: 1, 3: 0}, stats([1, 1, 1], [0.5] * 3), rng) == []
     assert len(tifl.schedule({1: 0, 2: 0, 3: 0}, stats([0, 0, 0], [float("inf")] * 3), rng)) == 1
@@ -167,7 +180,7 @@ def test_fedasync_mixes_with_staleness():
 
 
 def test_tifl_global_model_is_the_arriving_tier_model():
-    out = STRATEGIES["tifl"].merge_global(CrossTier(None, ([f32(1, 2)], [f32(5, 6)]), (3, 1), 1, 0))
+    out = build_strategy("tifl").merge_global(CrossTier(None, ([f32(1, 2)], [f32(5, 6)]), (3, 1), 1, 0))
     model, w = out.model, out.tier_weights
     np.testing.assert_array_equal(model[0], f32(5, 6))
     np.testing.assert_array_equal(w, [0.0, 1.0])
@@ -177,8 +190,8 @@ def test_tifl_global_model_is_the_arriving_tier_model():
 
 
 def test_registry_has_the_async_baselines():
-    assert isinstance(STRATEGIES["fedbuff"], FedBuff) and STRATEGIES["fedbuff"].name == "fedbuff"
-    assert isinstance(STRATEGIES["aso-fed"], ASOFed) and STRATEGIES["aso-fed"].name == "aso-fed"
+    assert isinstance(build_strategy("fedbuff"), FedBuff) and build_strategy("fedbuff").name == "fedbuff"
+    assert isinstance(build_strategy("aso-fed"), ASOFed) and build_strategy("aso-fed").name == "aso-fed"
 
 
 def test_fedbuff_tops_tiers_up_to_concurrency_open_rounds():
@@ -285,3 +298,133 @@ def test_aso_fed_round_of_several_clients_splits_its_samples():
 def test_aso_fed_needs_the_arrivals_clients():
     with pytest.raises(ValueError, match="names no client"):
         ASOFed().merge_global(CrossTier(None, ([f32(1)],), (1,), 0, 0, n_samples=5))
+
+
+# --- hyper-parameters from the experiment's settings ------------------------------------------------------------
+
+
+def test_without_settings_every_strategy_is_built_with_todays_constants():
+    assert strategy_from_env({}) == FEDAT
+    assert build_strategy("fedasync") == FedAsync(concurrency=20, alpha=0.6, staleness="polynomial")
+    assert build_strategy("fedbuff") == FedBuff(concurrency=20, buffer_size=10, server_lr=1.0, history=16)
+    assert build_strategy("tifl") == TiFL(credits=0) and build_strategy("aso-fed") == ASOFed(concurrency=20)
+    assert build_strategy("fedat-delta") == FedATDelta(server_lr=1.0, staleness="polynomial", balance=0.0, history=32)
+    assert params_from_env({}) == Params()
+
+
+def test_settings_reach_the_strategies_that_use_them_and_are_ignored_by_the_rest():
+    env = {
+        "FEDAT_ASYNC_ALPHA": "0.3",
+        "FEDAT_STALENESS": "hinge",
+        "FEDAT_CONCURRENCY": "4",
+        "FEDAT_BUFFER_SIZE": "5",
+        "FEDAT_SERVER_LR": "0.5",
+        "FEDAT_TIFL_CREDITS": "7",
+        "FEDAT_TIER_BALANCE": "1",
+        "FEDAT_HISTORY": "8",
+    }
+    assert strategy_from_env({**env, "FEDAT_STRATEGY": "fedasync"}) == FedAsync(
+        concurrency=4, alpha=0.3, staleness="hinge"
+    )
+    assert strategy_from_env({**env, "FEDAT_STRATEGY": "fedbuff"}) == FedBuff(
+        concurrency=4, buffer_size=5, server_lr=0.5, staleness="hinge", history=8
+    )
+    assert strategy_from_env({**env, "FEDAT_STRATEGY": "tifl"}) == TiFL(credits=7)
+    assert strategy_from_env({**env, "FEDAT_STRATEGY": "aso-fed"}) == ASOFed(concurrency=4)
+    assert strategy_from_env({**env, "FEDAT_STRATEGY": "fedat-delta"}) == FedATDelta(
+        server_lr=0.5, staleness="hinge", balance=1.0, history=8
+    )
+    assert strategy_from_env({**env, "FEDAT_STRATEGY": "fedat"}) == FEDAT
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("FEDAT_STRATEGY", "fedavg2"),
+        ("FEDAT_ASYNC_ALPHA", "0"),
+        ("FEDAT_ASYNC_ALPHA", "1.5"),
+        ("FEDAT_ASYNC_ALPHA", "high"),
+        ("FEDAT_STALENESS", "linear"),
+        ("FEDAT_CONCURRENCY", "0"),
+        ("FEDAT_BUFFER_SIZE", "2.5"),
+        ("FEDAT_SERVER_LR", "0"),
+        ("FEDAT_SERVER_LR", "nan"),
+        ("FEDAT_TIFL_CREDITS", "-1"),
+        ("FEDAT_TIER_BALANCE", "-0.5"),
+        ("FEDAT_HISTORY", "0"),
+    ],
+)
+def test_a_bad_setting_is_a_config_error_naming_its_variable(name, value):
+    with pytest.raises(ConfigError, match=name):
+        strategy_from_env({"FEDAT_STRATEGY": "fedat", name: value})
+
+
+def test_build_strategy_rejects_an_unknown_name():
+    with pytest.raises(ValueError, match="unknown strategy 'fedavg2'"):
+        build_strategy("fedavg2")
+
+
+# --- fedat-delta --------------------------------------------------------------------------------------------------
+
+
+def delta(strategy, model, base, staleness=0, g=None, counts=(1,), arrived=0):
+    """One arrival of tier `arrived`'s model (a list of layers), trained from `base`, onto global model g."""
+    g = [f32(0, 0)] if g is None else g
+    tiers = tuple(model if m == arrived else None for m in range(len(counts)))
+    return strategy.merge_global(CrossTier(g, tiers, tuple(counts), arrived, staleness, base, (7,), 10))
+
+
+def test_fedat_delta_schedules_and_selects_as_fedat():
+    d = FedATDelta()
+    rng = np.random.default_rng(0)
+    assert d.schedule({1: 0, 2: 1, 3: 0}, stats([1, 1, 1], [0.5] * 3), rng) == [1, 3]
+    assert d.select_clients(list(range(100)), 5, np.random.default_rng(3)) == FEDAT.select_clients(
+        list(range(100)), 5, np.random.default_rng(3)
+    )
+
+
+def test_fedat_delta_fresh_arrival_becomes_the_global_model():
+    g = [f32(1, 2), f32(3)]
+    out = delta(FedATDelta(), [f32(4, -1), f32(0.5)], g, g=g)
+    np.testing.assert_array_equal(out.model[0], f32(4, -1))
+    np.testing.assert_array_equal(out.model[1], f32(0.5))
+    np.testing.assert_array_equal(out.tier_weights, [1.0])
+    assert out.state is None
+
+
+def test_fedat_delta_steps_by_the_staleness_discounted_delta_from_its_base():
+    # staleness 3, polynomial: s = 0.5; η = 0.8: [1, 1] + 0.4 · ([4, 0] − [0, 2]) = [2.6, 0.2]
+    out = delta(FedATDelta(server_lr=0.8), [f32(4, 0)], [f32(0, 2)], staleness=3, g=[f32(1, 1)])
+    np.testing.assert_allclose(out.model[0], [2.6, 0.2], rtol=1e-6)
+    np.testing.assert_allclose(out.tier_weights, [0.4])
+
+
+def test_fedat_delta_balance_favours_the_rarer_tier():
+    # counts [9, 3]: T/M = 6; tier 1 (9 updates) c = 2/3, tier 2 (3 updates) c = 2
+    counts, base = (9, 3), [f32(0, 0)]
+    fast = delta(FedATDelta(balance=1.0), [f32(3, 3)], base, counts=counts, arrived=0)
+    slow = delta(FedATDelta(balance=1.0), [f32(3, 3)], base, counts=counts, arrived=1)
+    np.testing.assert_allclose(fast.tier_weights, [2 / 3, 0.0])
+    np.testing.assert_allclose(slow.tier_weights, [0.0, 2.0])
+    np.testing.assert_allclose(fast.model[0], [2.0, 2.0], rtol=1e-6)
+    np.testing.assert_allclose(slow.model[0], [6.0, 6.0], rtol=1e-6)
+    # balance 0 (the default): both step alike
+    plain = delta(FedATDelta(), [f32(3, 3)], base, counts=counts, arrived=1)
+    np.testing.assert_allclose(plain.tier_weights, [0.0, 1.0])
+
+
+def test_fedat_delta_unknown_base_falls_back_to_a_fedasync_mix():
+    # base left the history; staleness 3: a = 0.5: 0.5 · [2, 2] + 0.5 · [6, 0] = [4, 1]
+    out = delta(FedATDelta(), [f32(6, 0)], None, staleness=3, g=[f32(2, 2)])
+    np.testing.assert_allclose(out.model[0], [4.0, 1.0])
+    np.testing.assert_allclose(out.tier_weights, [0.5])
+    # a scale above 1 mixes in the whole model, never beyond it
+    big = delta(FedATDelta(server_lr=3.0), [f32(6, 0)], None, staleness=3, g=[f32(2, 2)])
+    np.testing.assert_array_equal(big.model[0], f32(6, 0))
+    np.testing.assert_allclose(big.tier_weights, [1.0])
+
+
+def test_fedat_delta_first_arrival_without_a_seed_becomes_the_model():
+    out = FedATDelta().merge_global(CrossTier(None, (None, [f32(3, 4)]), (0, 1), 1, 0))
+    np.testing.assert_array_equal(out.model[0], f32(3, 4))
+    np.testing.assert_array_equal(out.tier_weights, [0.0, 1.0])

@@ -11,7 +11,7 @@ from fedat.bus import BrokerConfig
 from fedat.runtime import serve_forever, setup_logging
 from fedat_aggregator.aggregator import Aggregator, AggregatorConfig
 from fedat_aggregator.metrics import aggregator_metrics
-from fedat_aggregator.strategy import STRATEGIES
+from fedat_aggregator.strategy import Strategy, strategy_from_env
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,7 @@ class Settings:
 
     broker: BrokerConfig
     aggregator: AggregatorConfig
-    strategy: str
+    strategy: Strategy  # built from FEDAT_STRATEGY and the strategies' hyper-parameter settings
     metrics_port: int
 
 
@@ -31,9 +31,7 @@ def settings(env: Mapping[str, str]) -> Settings:
         codec=config.get_str(env, "FEDAT_CODEC", "polyline"),
         precision=config.get_int(env, "FEDAT_PRECISION", 4),
     )
-    strategy = config.get_str(env, "FEDAT_STRATEGY", "fedat")
-    if strategy not in STRATEGIES:
-        raise config.ConfigError(f"FEDAT_STRATEGY={strategy!r} is not one of {sorted(STRATEGIES)}")
+    strategy = strategy_from_env(env)
     return Settings(config.broker(env, 4), cfg, strategy, config.get_int(env, "FEDAT_METRICS_PORT", 9102))
 
 
@@ -42,7 +40,7 @@ def main() -> None:
     setup_logging("aggregator")
     s = settings(os.environ)
     metrics = aggregator_metrics()
-    service = Aggregator(s.aggregator, STRATEGIES[s.strategy])
+    service = Aggregator(s.aggregator, s.strategy)
     serve_forever(service, s.broker, metrics.transport.registry, metrics.transport, s.metrics_port, metrics.observe)
 
 

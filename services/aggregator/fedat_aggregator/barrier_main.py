@@ -11,7 +11,7 @@ from fedat.bus import BrokerConfig
 from fedat.runtime import serve_forever, setup_logging
 from fedat_aggregator.barrier import Barrier, BarrierConfig
 from fedat_aggregator.metrics import barrier_metrics
-from fedat_aggregator.strategy import STRATEGIES
+from fedat_aggregator.strategy import Strategy, strategy_from_env
 
 
 @dataclass(frozen=True)
@@ -20,7 +20,7 @@ class Settings:
 
     broker: BrokerConfig
     barrier: BarrierConfig
-    strategy: str
+    strategy: Strategy  # built from FEDAT_STRATEGY and the strategies' hyper-parameter settings
     metrics_port: int
 
 
@@ -47,9 +47,7 @@ def settings(env: Mapping[str, str]) -> Settings:
         raise config.ConfigError("need 1 <= FEDAT_MIN_CLIENTS <= FEDAT_CLIENTS_PER_ROUND")
     if not 0.0 <= cfg.straggler_fraction <= 1.0:
         raise config.ConfigError(f"FEDAT_STRAGGLER_FRACTION={cfg.straggler_fraction} must be within 0..1")
-    strategy = config.get_str(env, "FEDAT_STRATEGY", "fedat")
-    if strategy not in STRATEGIES:
-        raise config.ConfigError(f"FEDAT_STRATEGY={strategy!r} is not one of {sorted(STRATEGIES)}")
+    strategy = strategy_from_env(env)
     # The barrier holds a round's updates unacked until it closes: prefetch must cover every open round.
     prefetch = max(64, 4 * cfg.clients_per_round * len(cfg.tiers) + 8)
     return Settings(config.broker(env, prefetch), cfg, strategy, config.get_int(env, "FEDAT_METRICS_PORT", 9101))
@@ -60,7 +58,7 @@ def main() -> None:
     setup_logging("barrier")
     s = settings(os.environ)
     metrics = barrier_metrics()
-    service = Barrier(s.barrier, STRATEGIES[s.strategy])
+    service = Barrier(s.barrier, s.strategy)
     serve_forever(service, s.broker, metrics.transport.registry, metrics.transport, s.metrics_port, metrics.observe)
 
 

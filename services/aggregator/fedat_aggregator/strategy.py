@@ -8,16 +8,19 @@ from typing import Protocol, cast
 
 import numpy as np
 
+from fedat import config
 from fedat.aggregate import (
     STALENESS,
     Weights,
     accumulate_delta,
     apply_buffer,
     copies_average,
+    delta_step,
     fedasync_mix,
     fedat_tier_weights,
     replace_copy,
     sample_weighted_average,
+    tier_balance,
     uniform_tier_weights,
     weighted_average,
 )
@@ -82,6 +85,26 @@ class Strategy(Protocol):
         ...
 
 
+class Basics:
+    """What every strategy does alike, written once: uniformly random clients and a sample-weighted tier merge."""
+
+    history = 0  # global versions kept for arrivals' bases; only the delta-based strategies need any
+
+    def select_clients(self, candidates: Sequence[int], k: int, rng: np.random.Generator) -> list[int]:
+        """Uniformly random k of the tier's idle clients."""
+        k = min(k, len(candidates))
+        return sorted(int(c) for c in rng.choice(np.asarray(candidates, dtype=np.int64), size=k, replace=False))
+
+    def merge_tier(self, models: Sequence[Weights], n_samples: Sequence[int]) -> Weights:
+        """Sample-weighted average (FedAvg; a single client's model when the round has one client)."""
+        return sample_weighted_average(models, n_samples)
+
+
+def _each_tier_loops(busy: Mapping[int, int]) -> list[int]:
+    """FedAT's Algorithm 2: each tier whose last round is merged starts the next."""
+    return [m for m, n in busy.items() if n == 0]
+
+
 def _top_up(counts: Mapping[int, int], concurrency: int) -> list[int]:
     """Each tier repeated as many times as it is short of `concurrency` rounds."""
     return [m for m, n in counts.items() for _ in range(max(0, concurrency - n))]
@@ -94,31 +117,16 @@ def _seed_from_first(view: CrossTier) -> GlobalMerge:
     return GlobalMerge([a.copy() for a in view.tier_models[view.arrived]], w)
 
 
-def _random_subset(candidates: Sequence[int], k: int, rng: np.random.Generator) -> list[int]:
-    k = min(k, len(candidates))
-    return sorted(int(c) for c in rng.choice(np.asarray(candidates, dtype=np.int64), size=k, replace=False))
-
-
 @dataclass(frozen=True)
-class TierWeighted:
+class TierWeighted(Basics):
     """FedAT: random clients per tier, sample-weighted tier merge, cross-tier weights from update counts."""
-
-    history = 0  # no base models needed
 
     name: str
     weigh: Callable[[Sequence[int]], np.ndarray]
 
     def schedule(self, busy: Mapping[int, int], stats: TierStats, rng: np.random.Generator) -> list[int]:
         """Every tier loops on its own (Algorithm 2): each tier whose last round is merged starts the next."""
-        return [m for m, n in busy.items() if n == 0]
-
-    def select_clients(self, candidates: Sequence[int], k: int, rng: np.random.Generator) -> list[int]:
-        """Uniformly random k of the tier's clients."""
-        return _random_subset(candidates, k, rng)
-
-    def merge_tier(self, models: Sequence[Weights], n_samples: Sequence[int]) -> Weights:
-        """Sample-weighted average."""
-        return sample_weighted_average(models, n_samples)
+        return _each_tier_loops(busy)
 
     def merge_global(self, view: CrossTier) -> GlobalMerge:
         """Weighted average of the reported tiers' models."""
@@ -131,15 +139,58 @@ class TierWeighted:
 
 
 @dataclass(frozen=True)
-class TiFL:
+class FedATDelta(Basics):
+    """fedat-delta: FedAT's tier loops and tier merge, but each arriving tier round steps the global model by its delta.
+
+    The paper's cross-tier merge re-averages every tier's latest model at each arrival, so stale tier models are
+    mixed into every global version again, and its mirrored counts give the slowest tier's old model the largest
+    weight. Here tier m's round model w_m, trained from global version b, moves the global model once, by its own
+    delta: w <- w + server_lr · c_m · s(staleness) · (w_m − w_b), s the staleness function and c_m =
+    `tier_balance(counts, m, balance)` (balance 0: c_m = 1; balance > 0 favours the tiers that report less). A fresh
+    arrival with server_lr 1 and c_m 1 makes the tier's model the global model, as FedAsync with α 1 would.
+    """
+
+    name: str = "fedat-delta"
+    server_lr: float = 1.0
+    staleness: str = "polynomial"
+    balance: float = 0.0
+    # Versions kept to find an arrival's base. With 5 tiers 10x apart in speed the slowest tier's base is some 15-20
+    # versions old, so 32 leaves room; each kept version is a whole model in every checkpoint (twice FedBuff's 16).
+    history: int = 32
+
+    def schedule(self, busy: Mapping[int, int], stats: TierStats, rng: np.random.Generator) -> list[int]:
+        """Every tier loops on its own, as in FedAT."""
+        return _each_tier_loops(busy)
+
+    def merge_global(self, view: CrossTier) -> GlobalMerge:
+        """Step the global model by the arrival's delta from its base, scaled by server_lr · c_m · s(staleness).
+
+        No global model yet: the first arrival becomes it. An arrival whose base has left the history has no known
+        delta; dropping it would silently lose a tier's round (the slowest tier's, most likely), so it is mixed in
+        FedAsync-style instead, w <- (1 − a) w + a w_m with a = min(1, server_lr · c_m · s): its staleness already
+        keeps an old model's share small.
+        """
+        if view.global_model is None:
+            return _seed_from_first(view)
+        new = view.tier_models[view.arrived]
+        s = STALENESS[self.staleness](view.staleness)
+        scale = self.server_lr * tier_balance(view.counts, view.arrived, self.balance) * s
+        w = np.zeros(len(view.tier_models))
+        if view.base_model is None:
+            w[view.arrived] = min(1.0, scale)
+            return GlobalMerge(fedasync_mix(view.global_model, new, 1.0, w[view.arrived]), w)
+        w[view.arrived] = scale
+        return GlobalMerge(delta_step(view.global_model, new, view.base_model, scale), w)
+
+
+@dataclass(frozen=True)
+class TiFL(Basics):
     """TiFL (Chai et al., HPDC '20): one tier at a time, picked by adaptive probabilities, FedAvg inside.
 
     The adaptive rule ranks tiers by test accuracy (the mean over each tier's clients, from the latest
     evaluation) and favours the worst. Until every tier has an accuracy, the tiers' last-round training losses
     rank them instead (a tier that never ran counts as the worst). `credits` caps each tier's rounds (0 = none).
     """
-
-    history = 0  # no base models needed
 
     name: str = "tifl"
     credits: int = 0
@@ -158,14 +209,6 @@ class TiFL:
             return []  # every tier has spent its credits
         return [int(rng.choice(tiers, p=p))]
 
-    def select_clients(self, candidates: Sequence[int], k: int, rng: np.random.Generator) -> list[int]:
-        """Uniformly random k of the tier's clients."""
-        return _random_subset(candidates, k, rng)
-
-    def merge_tier(self, models: Sequence[Weights], n_samples: Sequence[int]) -> Weights:
-        """Sample-weighted average."""
-        return sample_weighted_average(models, n_samples)
-
     def merge_global(self, view: CrossTier) -> GlobalMerge:
         """Synchronous: the round started from the current global model, so its merge is the new global model."""
         w = np.zeros(len(view.tier_models))
@@ -174,15 +217,13 @@ class TiFL:
 
 
 @dataclass(frozen=True)
-class FedAsync:
+class FedAsync(Basics):
     """FedAsync (Xie et al., 2019): clients train concurrently; each update is mixed in as it arrives.
 
     Every round is one client (configure clients_per_round 1); `concurrency` rounds per tier run at once, each
     restarting from the newest global model once its update is merged. The server step is
     w <- (1 - a_t) w + a_t w_new with a_t = alpha * s(t - tau), s the staleness function.
     """
-
-    history = 0  # no base models needed
 
     name: str = "fedasync"
     concurrency: int = 20
@@ -192,14 +233,6 @@ class FedAsync:
     def schedule(self, busy: Mapping[int, int], stats: TierStats, rng: np.random.Generator) -> list[int]:
         """Top every tier up to `concurrency` unmerged rounds."""
         return _top_up(busy, self.concurrency)
-
-    def select_clients(self, candidates: Sequence[int], k: int, rng: np.random.Generator) -> list[int]:
-        """Uniformly random idle clients."""
-        return _random_subset(candidates, k, rng)
-
-    def merge_tier(self, models: Sequence[Weights], n_samples: Sequence[int]) -> Weights:
-        """Sample-weighted average (a single client in FedAsync proper)."""
-        return sample_weighted_average(models, n_samples)
 
     def merge_global(self, view: CrossTier) -> GlobalMerge:
         """Mix the arriving model into the current global model, discounted by its staleness."""
@@ -221,7 +254,7 @@ class Buffer:
 
 
 @dataclass(frozen=True)
-class FedBuff:
+class FedBuff(Basics):
     """FedBuff (Nguyen et al., AISTATS 2022): asynchronous clients, their deltas buffered and applied K at a time.
 
     Every round is one client (configure clients_per_round 1); `concurrency` rounds per tier are open at once, a
@@ -245,14 +278,6 @@ class FedBuff:
         # a tier the barrier reports no open count for has none open
         open_rounds = {m: stats.open[m - 1] if m <= len(stats.open) else 0 for m in busy}
         return _top_up(open_rounds, self.concurrency)
-
-    def select_clients(self, candidates: Sequence[int], k: int, rng: np.random.Generator) -> list[int]:
-        """Uniformly random idle clients."""
-        return _random_subset(candidates, k, rng)
-
-    def merge_tier(self, models: Sequence[Weights], n_samples: Sequence[int]) -> Weights:
-        """Sample-weighted average (a single client in FedBuff proper)."""
-        return sample_weighted_average(models, n_samples)
 
     def merge_global(self, view: CrossTier) -> GlobalMerge:
         """Buffer the arrival's staleness-weighted delta; every `buffer_size` arrivals, step the global model."""
@@ -284,7 +309,7 @@ class Copies:
 
 
 @dataclass(frozen=True)
-class ASOFed:
+class ASOFed(Basics):
     """ASO-Fed (Chen et al., 2020), as the project states it: one model copy per client, global = their average.
 
     The paper's local constraint term is the worker's proximal term, set by config. Every round is one client (configure
@@ -293,22 +318,12 @@ class ASOFed:
     count. The running sums make an arrival cost O(model), not O(clients × model).
     """
 
-    history = 0  # no base models needed
-
     name: str = "aso-fed"
     concurrency: int = 20
 
     def schedule(self, busy: Mapping[int, int], stats: TierStats, rng: np.random.Generator) -> list[int]:
         """Top every tier up to `concurrency` unmerged rounds."""
         return _top_up(busy, self.concurrency)
-
-    def select_clients(self, candidates: Sequence[int], k: int, rng: np.random.Generator) -> list[int]:
-        """Uniformly random idle clients."""
-        return _random_subset(candidates, k, rng)
-
-    def merge_tier(self, models: Sequence[Weights], n_samples: Sequence[int]) -> Weights:
-        """Sample-weighted average (a single client in ASO-Fed proper)."""
-        return sample_weighted_average(models, n_samples)
 
     def merge_global(self, view: CrossTier) -> GlobalMerge:
         """Replace the arriving clients' copies; the global model is the sample-weighted average of all copies."""
@@ -334,11 +349,89 @@ class ASOFed:
 # Classes of strategy state the aggregator persists (registered with its state codec).
 STATE_TYPES: tuple[type, ...] = (Buffer, Copies)
 
-STRATEGIES: dict[str, Strategy] = {
-    "fedat": TierWeighted("fedat", fedat_tier_weights),
-    "fedat-uniform": TierWeighted("fedat-uniform", uniform_tier_weights),
-    "tifl": TiFL(),
-    "fedasync": FedAsync(),
-    "fedbuff": FedBuff(),
-    "aso-fed": ASOFed(),
+
+@dataclass(frozen=True)
+class Params:
+    """The strategies' hyper-parameters, experiment settings; each strategy takes the ones it uses, ignores the rest."""
+
+    async_alpha: float = 0.6  # FedAsync's α
+    staleness: str = "polynomial"  # s(t − τ) of FedAsync, FedBuff and fedat-delta: a key of fedat.aggregate.STALENESS
+    concurrency: int = 20  # FedAsync, FedBuff, ASO-Fed: rounds open at once per tier
+    buffer_size: int = 10  # FedBuff's K
+    server_lr: float = 1.0  # FedBuff's and fedat-delta's η
+    tifl_credits: int = 0  # TiFL's rounds per tier (0: no cap)
+    tier_balance: float = 0.0  # fedat-delta's exponent of the tier-balance factor c_m
+    history: int | None = None  # versions kept for arrivals' bases (FedBuff, fedat-delta); None: the strategy's own
+
+
+def _history(p: Params, default: int) -> int:
+    return default if p.history is None else p.history
+
+
+# Each name builds its strategy from the experiment's settings.
+STRATEGIES: dict[str, Callable[[Params], Strategy]] = {
+    "fedat": lambda p: TierWeighted("fedat", fedat_tier_weights),
+    "fedat-uniform": lambda p: TierWeighted("fedat-uniform", uniform_tier_weights),
+    "fedat-delta": lambda p: FedATDelta(
+        server_lr=p.server_lr,
+        staleness=p.staleness,
+        balance=p.tier_balance,
+        history=_history(p, FedATDelta.history),
+    ),
+    "tifl": lambda p: TiFL(credits=p.tifl_credits),
+    "fedasync": lambda p: FedAsync(concurrency=p.concurrency, alpha=p.async_alpha, staleness=p.staleness),
+    "fedbuff": lambda p: FedBuff(
+        concurrency=p.concurrency,
+        buffer_size=p.buffer_size,
+        server_lr=p.server_lr,
+        staleness=p.staleness,
+        history=_history(p, FedBuff.history),
+    ),
+    "aso-fed": lambda p: ASOFed(concurrency=p.concurrency),
 }
+
+
+def build_strategy(name: str, params: Params = Params()) -> Strategy:
+    """The strategy registered as `name`, with the given hyper-parameters (by default today's)."""
+    if name not in STRATEGIES:
+        raise ValueError(f"unknown strategy {name!r}; known: {sorted(STRATEGIES)}")
+    return STRATEGIES[name](params)
+
+
+def params_from_env(env: Mapping[str, str]) -> Params:
+    """The strategies' hyper-parameters from FEDAT_* variables; a bad value is a ConfigError naming its variable."""
+    d = Params()
+    given = env.get("FEDAT_HISTORY", "").strip() != ""  # unset: each strategy keeps its own
+    p = Params(
+        async_alpha=config.get_float(env, "FEDAT_ASYNC_ALPHA", d.async_alpha),
+        staleness=config.get_str(env, "FEDAT_STALENESS", d.staleness),
+        concurrency=config.get_int(env, "FEDAT_CONCURRENCY", d.concurrency),
+        buffer_size=config.get_int(env, "FEDAT_BUFFER_SIZE", d.buffer_size),
+        server_lr=config.get_float(env, "FEDAT_SERVER_LR", d.server_lr),
+        tifl_credits=config.get_int(env, "FEDAT_TIFL_CREDITS", d.tifl_credits),
+        tier_balance=config.get_float(env, "FEDAT_TIER_BALANCE", d.tier_balance),
+        history=config.get_int(env, "FEDAT_HISTORY", 0) if given else None,
+    )
+    # Every value is checked, whichever strategy runs: a typo in an unused one is still a typo.
+    problems = [
+        (not 0.0 < p.async_alpha <= 1.0, f"FEDAT_ASYNC_ALPHA={p.async_alpha} must be within (0, 1]"),
+        (p.staleness not in STALENESS, f"FEDAT_STALENESS={p.staleness!r} is not one of {sorted(STALENESS)}"),
+        (p.concurrency < 1, f"FEDAT_CONCURRENCY={p.concurrency} must be >= 1"),
+        (p.buffer_size < 1, f"FEDAT_BUFFER_SIZE={p.buffer_size} must be >= 1"),
+        (not 0.0 < p.server_lr < float("inf"), f"FEDAT_SERVER_LR={p.server_lr} must be a number > 0"),
+        (p.tifl_credits < 0, f"FEDAT_TIFL_CREDITS={p.tifl_credits} must be >= 0 (0: no cap)"),
+        (not 0.0 <= p.tier_balance < float("inf"), f"FEDAT_TIER_BALANCE={p.tier_balance} must be a number >= 0"),
+        (p.history is not None and p.history < 1, f"FEDAT_HISTORY={p.history} must be >= 1"),
+    ]
+    for bad, message in problems:
+        if bad:
+            raise config.ConfigError(message)
+    return p
+
+
+def strategy_from_env(env: Mapping[str, str]) -> Strategy:
+    """The strategy FEDAT_STRATEGY names, built with the hyper-parameters the FEDAT_* variables set."""
+    name = config.get_str(env, "FEDAT_STRATEGY", "fedat")
+    if name not in STRATEGIES:
+        raise config.ConfigError(f"FEDAT_STRATEGY={name!r} is not one of {sorted(STRATEGIES)}")
+    return build_strategy(name, params_from_env(env))

@@ -36,8 +36,8 @@ from fedat_sim.system import System, secret_for
 
 MINUTES = 3.0  # virtual minutes of faults per seed, by default
 DRAIN_SECONDS = 60.0  # virtual seconds the remaining services get to settle once workers and profiler stop
-STRATEGIES = ("fedat", "fedat-uniform", "tifl", "fedasync", "fedbuff")
-ONE_ROUND_PER_TIER = frozenset({"fedat", "fedat-uniform", "tifl"})  # see fedat.invariants.check
+STRATEGIES = ("fedat", "fedat-uniform", "tifl", "fedasync", "fedbuff", "fedat-delta")  # names in the registry
+ONE_ROUND_PER_TIER = frozenset({"fedat", "fedat-uniform", "fedat-delta", "tifl"})  # see fedat.invariants.check
 NUM_CLIENTS = 10
 
 

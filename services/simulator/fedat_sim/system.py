@@ -24,7 +24,6 @@ from fedat.wire import seed_model
 from fedat_aggregator import aggregator_main, barrier_main
 from fedat_aggregator.aggregator import Aggregator
 from fedat_aggregator.barrier import Barrier
-from fedat_aggregator.strategy import STRATEGIES
 from fedat_profiler import main as profiler_main
 from fedat_profiler.profiler import Profiler
 from fedat_sim.clients import Parts, answer_at_not_before, simulated_worker
@@ -79,11 +78,9 @@ class System:
         )
         self._add("evaluator", Evaluator(evaluator, parts.clients, parts.trainer, clock), self._broker_cfg("evaluator"))
         agg = aggregator_main.settings(self.env)
-        self._add(
-            "aggregator", Aggregator(agg.aggregator, STRATEGIES[agg.strategy]), self._keyed(agg.broker, "aggregator")
-        )
+        self._add("aggregator", Aggregator(agg.aggregator, agg.strategy), self._keyed(agg.broker, "aggregator"))
         bar = barrier_main.settings(self.env)
-        self._add("barrier", Barrier(bar.barrier, STRATEGIES[bar.strategy]), self._keyed(bar.broker, "barrier"))
+        self._add("barrier", Barrier(bar.barrier, bar.strategy), self._keyed(bar.broker, "barrier"))
         prof = profiler_main.settings(self.env)
         self._add("profiler", Profiler(prof.profiler), self._keyed(prof.broker, "profiler"))
 
