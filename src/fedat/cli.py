@@ -29,8 +29,18 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("comparison", type=Path)
     c.add_argument("--minutes", type=float, default=None, help="budget per method (default: the file's)")
     c.add_argument("--results", type=Path, default=Path("results"))
-    t = sub.add_parser("tabulate", help="rewrite a finished comparison's tables and plots from its compare.json")
-    t.add_argument("results_dir", type=Path)
+    c.add_argument(
+        "--simulate",
+        action="store_true",
+        help="in virtual time, on several seeds and every core (more options: fedat compare --simulate --help)",
+    )
+    t = sub.add_parser(
+        "tabulate",
+        help="rewrite a comparison's tables from its compare.json, or a sweep's from its records",
+    )
+    t.add_argument("results_dir", type=Path, nargs="?", help="a `fedat compare` results folder")
+    t.add_argument("--sweeps", type=Path, help="a folder of sweep records (docs/summaries/sim)")
+    t.add_argument("--into", type=Path, help="with --sweeps: rewrite this Markdown file's generated block")
     _provision_parser(sub)
     sm = sub.add_parser(
         "simulate",
@@ -44,6 +54,9 @@ def main(argv: list[str] | None = None) -> None:
     k.add_argument("--role", action="append", help="only these roles (default: every role)")
     if argv is None:
         argv = sys.argv[1:]
+    if argv[:1] == ["compare"] and "--simulate" in argv:
+        rest = [a for a in argv[1:] if a != "--simulate"]
+        sys.exit(subprocess.call([sys.executable, "-m", "fedat_sim.compare", *rest]))
     if argv[:1] == ["simulate"]:
         # The simulator imports every service; the core must not, so it runs as its own module.
         sys.exit(subprocess.call([sys.executable, "-m", "fedat_sim", *argv[1:]]))
@@ -63,9 +76,7 @@ def main(argv: list[str] | None = None) -> None:
         elif args.command == "keys":
             keys_command(args.secret_file, args.out_dir, args.role)
         elif args.command == "tabulate":
-            from fedat.compare_run import tabulate
-
-            print(tabulate(args.results_dir))
+            _tabulate(args, p)
         else:
             from fedat.compare_run import compare
 
@@ -86,6 +97,25 @@ def keys_command(secret_file: Path, out_dir: Path, roles: list[str] | None) -> N
         with os.fdopen(fd, "w") as f:
             json.dump(signing.keys_for_role(secret, role), f)
         print(f"{path}: {', '.join(sorted(signing.keys_for_role(secret, role)))}")
+
+
+def _tabulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """`fedat tabulate DIR` or `fedat tabulate --sweeps DIR [--into FILE]`."""
+    if args.sweeps:
+        from fedat import sweep
+
+        block = sweep.render(args.sweeps)
+        if args.into:
+            args.into.write_text(sweep.replace_block(args.into.read_text(), block))
+            print(f"{args.into}: generated block rewritten from {args.sweeps}")
+        else:
+            print(block)
+        return
+    if args.results_dir is None:
+        parser.error("tabulate: give a results folder or --sweeps DIR")
+    from fedat.compare_run import tabulate
+
+    print(tabulate(args.results_dir))
 
 
 def _provision_parser(sub) -> None:

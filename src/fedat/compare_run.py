@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -30,6 +31,31 @@ def load_comparison(path: Path) -> tuple[str, float, list[float], list[Experimen
         for method, overrides in raw["methods"].items()
     ]
     return name, minutes, [float(t) for t in raw.get("targets", [0.5])], exps
+
+
+@dataclass(frozen=True)
+class SimulationPlan:
+    """A comparison file's `simulate:` section: virtual minutes per run, seeds, and the methods run on one seed."""
+
+    virtual_minutes: float
+    seeds: tuple[int, ...]
+    single_seed: tuple[str, ...] = ()
+
+
+def simulation_plan(path: Path) -> SimulationPlan:
+    """The `simulate:` section of a comparison file (default: its minutes, its seed, every method)."""
+    raw = yaml.safe_load(path.read_text())
+    sim = raw.get("simulate") or {}
+    unknown = sorted(set(sim) - {"virtual_minutes", "seeds", "single_seed"})
+    if unknown:
+        raise ValueError(f"{path}: unknown key(s) {unknown} in 'simulate' (virtual_minutes, seeds, single_seed)")
+    _, minutes, _, exps = load_comparison(path)
+    methods = [e.name.removeprefix(f"{raw.get('name', path.stem)}-") for e in exps]
+    single = tuple(str(m) for m in sim.get("single_seed", ()))
+    if set(single) - set(methods):
+        raise ValueError(f"{path}: simulate.single_seed names unknown method(s) {sorted(set(single) - set(methods))}")
+    seeds = tuple(int(s) for s in sim.get("seeds", [exps[0].settings.get("seed", 0)]))
+    return SimulationPlan(float(sim.get("virtual_minutes", minutes)), seeds, single)
 
 
 def curve(run_dir: Path) -> list[tuple[float, float, int, int]]:

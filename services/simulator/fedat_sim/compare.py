@@ -1,0 +1,115 @@
+"""`fedat compare --simulate`: every method of a comparison on several seeds in virtual time, a run per core.
+
+Each finished run leaves its record (`fedat.sweep`) under the summaries folder at once, and a record that exists
+with the same virtual minutes is not run again: a sweep stopped half-way resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from multiprocessing import get_context
+from pathlib import Path
+
+from fedat import sweep
+from fedat.compare_run import load_comparison, simulation_plan
+
+
+def _done(summaries: Path, name: str, minutes: float) -> set[tuple[str, int]]:
+    """(method, seed) of the records already there for this comparison and budget."""
+    done = set()
+    for path in (summaries / name).glob("*/seed-*.json"):
+        rec = json.loads(path.read_text())
+        if abs(float(rec["virtual_minutes"]) - minutes) < 1e-9:
+            done.add((rec["method"], int(rec["seed"])))
+    return done
+
+
+def run_one(path: Path, method: str, seed: int, minutes: float, results: Path, summaries: Path) -> dict:
+    """Simulate one (method, seed) of the comparison and write its record; return the record (in a fresh process)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    logging.basicConfig(level=logging.ERROR, format="%(name)s %(levelname)s: %(message)s")
+    from fedat_sim.simulate import simulate
+
+    name, _, targets, exps = load_comparison(path)
+    methods = [e.name.removeprefix(f"{name}-") for e in exps]
+    exp = exps[methods.index(method)]
+    summary = simulate(exp, results, minutes, seed, tag=f"{name}-{method}-seed{seed}-{time.strftime('%H%M%S')}")
+    rec = sweep.make_record(Path(summary["run_dir"]), name, method, methods.index(method), targets)
+    out = sweep.record_path(summaries, name, method, seed)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(rec, indent=1) + "\n")
+    tmp.replace(out)  # a record is whole or absent, even if the sweep is killed while writing
+    return rec
+
+
+def compare_simulated(
+    path: Path,
+    results: Path,
+    summaries: Path,
+    seeds: tuple[int, ...] | None = None,
+    jobs: int = 2,
+    virtual_minutes: float | None = None,
+    methods_only: tuple[str, ...] = (),
+) -> str:
+    """Run the comparison's missing (method, seed) runs, `jobs` at a time; write and return its tables."""
+    name, _, _, exps = load_comparison(path)
+    plan = simulation_plan(path)
+    minutes = plan.virtual_minutes if virtual_minutes is None else virtual_minutes
+    methods = [e.name.removeprefix(f"{name}-") for e in exps]
+    if set(methods_only) - set(methods):
+        raise ValueError(f"{path}: no method(s) {sorted(set(methods_only) - set(methods))}; methods: {methods}")
+    chosen = [m for m in methods if not methods_only or m in methods_only]
+    todo = sweep.pending(chosen, seeds or plan.seeds, plan.single_seed, _done(summaries, name, minutes))
+    print(
+        f"[fedat compare --simulate] {name}: {len(todo)} runs of {minutes:g} virtual min, {jobs} at a time", flush=True
+    )
+    results.mkdir(parents=True, exist_ok=True)
+    # spawn, one run per process: TensorFlow is not fork-safe, and a fresh process frees a run's memory
+    with ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), max_tasks_per_child=1) as pool:
+        futures = {pool.submit(run_one, path, m, s, minutes, results, summaries): (m, s) for m, s in todo}
+        for f in as_completed(futures):
+            m, s = futures[f]
+            rec = f.result()
+            sm = rec["summary"]
+            print(
+                f"[fedat compare --simulate] {m} seed {s}: best {sm['best_accuracy']}, rounds {sm['tier_rounds']}, "
+                f"{sm['client_trainings']} trainings in {sm['wall_seconds']:.0f} s"
+                + (f", FAILED {sm['failure']}" if sm["failure"] else ""),
+                flush=True,
+            )
+    md = f"# {name}, simulated\n\n" + sweep.render(summaries, only=name)
+    (results / f"{name}-sim.md").write_text(md + "\n")
+    return md
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse arguments, run the sweep, print its tables."""
+    p = argparse.ArgumentParser(prog="fedat compare --simulate", description=__doc__)
+    p.add_argument("comparison", type=Path)
+    p.add_argument("--seeds", default=None, help="comma-separated seeds (default: the file's simulate.seeds)")
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="runs at once (default: one per core)")
+    p.add_argument("--virtual-minutes", type=float, default=None, help="per run (default: simulate.virtual_minutes)")
+    p.add_argument("--methods", default="", help="comma-separated: only these methods")
+    p.add_argument("--results", type=Path, default=Path("results"), help="run folders (not committed)")
+    p.add_argument("--summaries", type=Path, default=Path("docs/summaries/sim"), help="one record per run (committed)")
+    args = p.parse_args(argv)
+    seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else None
+    only = tuple(m for m in args.methods.split(",") if m)
+    try:
+        md = compare_simulated(
+            args.comparison, args.results, args.summaries, seeds, args.jobs, args.virtual_minutes, only
+        )
+    except (OSError, ValueError) as exc:
+        sys.exit(f"fedat compare --simulate: {exc}")
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,190 @@
+"""Multi-seed sweeps: one small record file per finished run, and the tables rebuilt from those files alone.
+
+A long sweep (`fedat compare --simulate`) writes `<summaries>/<comparison>/<method>/seed-<s>.json` as each run
+finishes and skips the runs whose file exists, so it can be stopped and finished over several days; the records are
+small (headline numbers and the evaluation curve, no events) and are committed. `fedat tabulate --sweeps DIR`
+rebuilds the tables from them and can rewrite the marked block of docs/results.md.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from fedat.compare import MethodResult, first_reaching, tail_mean
+
+SCHEMA = 1
+BEGIN = "<!-- fedat tabulate --sweeps: begin (generated; edit the records, not this block) -->"
+END = "<!-- fedat tabulate --sweeps: end -->"
+# summary.json fields a record keeps: enough for every table, small enough to commit
+KEPT = (
+    "best_accuracy",
+    "best_version",
+    "final_accuracy",
+    "best_accuracy_variance",
+    "global_updates",
+    "tier_rounds",
+    "bytes_up",
+    "bytes_down",
+    "client_updates",
+    "client_trainings",
+    "profile_trainings",
+    "late_fraction",
+    "evaluations",
+    "failure",
+    "wall_seconds",
+    "virtual_seconds",
+    "events_run",
+)
+
+
+def record_path(root: Path, comparison: str, method: str, seed: int) -> Path:
+    """Where the record of one (comparison, method, seed) run lives."""
+    return root / comparison / method / f"seed-{seed}.json"
+
+
+def make_record(run_dir: Path, comparison: str, method: str, order: int = 0, targets: Sequence[float] = ()) -> dict:
+    """The small record of a finished run folder: settings, headline numbers, curve, mean tier weights.
+
+    `order` is the method's place in its comparison file (tables keep it), `targets` the comparison's accuracies.
+    """
+    summary = json.loads((run_dir / "summary.json").read_text())
+    experiment = json.loads((run_dir / "experiment.json").read_text())
+    curve, weights = [], []
+    for line in (run_dir / "events.jsonl").read_text().splitlines():
+        e = json.loads(line)
+        if e["event"] == "evaluation":
+            curve.append([e["time"], round(e["accuracy"], 5), e["bytes_up"], e["bytes_down"]])
+        elif e["event"] == "global" and e.get("tier_weights"):
+            weights.append(e["tier_weights"])
+    mean_weights = [round(sum(col) / len(weights), 4) for col in zip(*weights, strict=True)] if weights else []
+    return {
+        "schema": SCHEMA,
+        "comparison": comparison,
+        "method": method,
+        "order": order,
+        "targets": list(targets),
+        "seed": int(summary.get("seed", experiment["settings"].get("seed", 0))),
+        "virtual_minutes": experiment.get("simulated", {}).get("virtual_minutes", experiment.get("minutes")),
+        "settings": experiment["settings"],
+        "summary": {k: summary.get(k) for k in KEPT},
+        "mean_tier_weights": mean_weights,
+        "curve": curve,
+    }
+
+
+def load_records(root: Path) -> dict[str, dict[str, list[dict]]]:
+    """Every record under `root`, as comparison → method → records sorted by seed (file order of methods kept)."""
+    out: dict[str, dict[str, list[dict]]] = {}
+    for path in sorted(root.glob("*/*/seed-*.json")):
+        rec = json.loads(path.read_text())
+        if rec.get("schema") != SCHEMA:
+            raise ValueError(f"{path}: record schema {rec.get('schema')!r}, expected {SCHEMA}")
+        out.setdefault(rec["comparison"], {}).setdefault(rec["method"], []).append(rec)
+    for comparison, methods in out.items():
+        for recs in methods.values():
+            recs.sort(key=lambda r: r["seed"])
+        out[comparison] = dict(sorted(methods.items(), key=lambda kv: (kv[1][0].get("order", 0), kv[0])))
+    return out
+
+
+def mean_std(xs: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for one value)."""
+    n = len(xs)
+    m = sum(xs) / n
+    return m, (sum((x - m) ** 2 for x in xs) / (n - 1)) ** 0.5 if n > 1 else 0.0
+
+
+def _pm(xs: Sequence[float], fmt: str = ".3f") -> str:
+    if not xs:
+        return "—"
+    m, s = mean_std(xs)
+    return f"{m:{fmt}} ± {s:{fmt}}" if len(xs) > 1 else f"{m:{fmt}}"
+
+
+def results_of(recs: Sequence[dict]) -> list[MethodResult]:
+    """Records as the comparison tables' MethodResults."""
+    return [MethodResult(r["method"], r["summary"], [tuple(p) for p in r["curve"]]) for r in recs]
+
+
+def seed_accuracy_table(methods: Mapping[str, Sequence[dict]], reference: str = "fedat") -> str:
+    """Table 1 over seeds: best and last-quarter accuracy (mean ± std), variance normalised to the reference's."""
+    ref = methods.get(reference, ())
+    ref_vars = [r["summary"]["best_accuracy_variance"] for r in ref if r["summary"].get("best_accuracy_variance")]
+    ref_var = mean_std(ref_vars)[0] if ref_vars else None
+    lines = [
+        "| method | seeds | best accuracy | last-quarter mean | norm. variance | rounds per tier (mean) "
+        "| tier weights (mean) | compute (core-min) |",
+        "|---|---:|---:|---:|---:|---|---|---:|",
+    ]
+    for method, recs in methods.items():
+        best = [r["summary"]["best_accuracy"] for r in recs if r["summary"].get("best_accuracy") is not None]
+        tails = [
+            t for r in recs if (t := tail_mean([tuple(p) for p in r["curve"]], r["virtual_minutes"] * 60.0)) is not None
+        ]
+        var = [r["summary"]["best_accuracy_variance"] for r in recs if r["summary"].get("best_accuracy_variance")]
+        norm = _pm([v / ref_var for v in var], ".2f") if ref_var else "—"
+        rounds = [r["summary"]["tier_rounds"] for r in recs if r["summary"].get("tier_rounds")]
+        mean_rounds = [round(sum(col) / len(rounds)) for col in zip(*rounds, strict=True)] if rounds else []
+        weights = [r["mean_tier_weights"] for r in recs if r.get("mean_tier_weights")]
+        mean_w = [round(sum(col) / len(weights), 2) for col in zip(*weights, strict=True)] if weights else []
+        compute = sum(r["summary"].get("wall_seconds") or 0.0 for r in recs) / 60.0
+        seeds = ",".join(str(r["seed"]) for r in recs)
+        lines.append(
+            f"| {method} | {seeds} | {_pm(best)} | {_pm(tails)} | {norm} | {mean_rounds} | {mean_w} | {compute:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def seed_traffic_table(methods: Mapping[str, Sequence[dict]], targets: Sequence[float]) -> str:
+    """Table 2 over seeds: MB (up + down) and virtual seconds to each target, mean ± std over the seeds reaching it."""
+    head = "| method | " + " | ".join(f"MB to {t:.2f} | s to {t:.2f}" for t in targets) + " |"
+    lines = [head, "|---|" + "---:|---:|" * len(targets)]
+    for method, recs in methods.items():
+        cells = []
+        for t in targets:
+            hits = [h for r in recs if (h := first_reaching([tuple(p) for p in r["curve"]], t)) is not None]
+            reached = f" ({len(hits)}/{len(recs)})" if len(hits) < len(recs) else ""
+            cells += [_pm([h[1] / 1e6 for h in hits], ".0f") + reached, _pm([h[0] for h in hits], ".0f")]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def render(root: Path, only: str | None = None) -> str:
+    """Markdown tables of every comparison under `root` (or just `only`), each with its file's targets."""
+    parts = []
+    for comparison, methods in load_records(root).items():
+        if only is not None and comparison != only:
+            continue
+        first = next(iter(methods.values()))[0]
+        reference = "fedat" if "fedat" in methods else next(iter(methods))
+        ts = first.get("targets") or (0.70, 0.79, 0.85)
+        parts += [
+            f"### {comparison} ({first['virtual_minutes']:g} virtual min per run)",
+            seed_accuracy_table(methods, reference),
+            seed_traffic_table(methods, ts),
+        ]
+    return "\n\n".join(parts)
+
+
+def replace_block(text: str, block: str) -> str:
+    """`text` with the generated block between the markers replaced (the markers appended if absent)."""
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        _, tail = rest.split(END, 1)
+        return f"{head}{BEGIN}\n\n{block}\n\n{END}{tail}"
+    return f"{text.rstrip()}\n\n{BEGIN}\n\n{block}\n\n{END}\n"
+
+
+def pending(
+    methods: Sequence[str], seeds: Sequence[int], single_seed: Sequence[str], done: set[tuple[str, int]]
+) -> list[tuple[str, int]]:
+    """The (method, seed) runs still to do, seed-major so that every method gets its first seed before any second."""
+    todo = []
+    for seed in seeds:
+        for method in methods:
+            if (method in single_seed and seed != seeds[0]) or (method, seed) in done:
+                continue
+            todo.append((method, seed))
+    return todo

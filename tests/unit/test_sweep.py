@@ -1,0 +1,95 @@
+"""Sweep records and the multi-seed tables rebuilt from them alone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fedat import sweep
+from fedat.compare_run import simulation_plan
+
+
+def run_folder(tmp: Path, seed: int, best: float, weights: list[list[float]]) -> Path:
+    """A minimal results folder as `fedat simulate` writes it."""
+    run = tmp / f"run-{seed}-{best}"
+    run.mkdir()
+    settings = {"strategy": "fedat", "seed": seed}
+    (run / "experiment.json").write_text(json.dumps({"settings": settings, "simulated": {"virtual_minutes": 2.0}}))
+    summary = {"seed": seed, "best_accuracy": best, "best_accuracy_variance": 0.01 * (seed + 1), "tier_rounds": [6, 2]}
+    (run / "summary.json").write_text(json.dumps({**summary, "wall_seconds": 30.0, "events": "not kept"}))
+    lines = [{"event": "global", "time": 1.0, "tier_weights": w} for w in weights]
+    lines += [
+        {"event": "evaluation", "time": 60.0, "accuracy": best - 0.2, "bytes_up": 1_000_000, "bytes_down": 2_000_000},
+        {"event": "evaluation", "time": 110.0, "accuracy": best, "bytes_up": 3_000_000, "bytes_down": 4_000_000},
+    ]
+    (run / "events.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return run
+
+
+def save(root: Path, rec: dict) -> None:
+    path = sweep.record_path(root, rec["comparison"], rec["method"], rec["seed"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(rec))
+
+
+def test_a_record_keeps_headline_numbers_curve_and_mean_tier_weights_but_not_the_events(tmp_path):
+    rec = sweep.make_record(run_folder(tmp_path, 3, 0.8, [[1.0, 0.0], [0.5, 0.5]]), "cmp", "fedat", 2, [0.6])
+    assert rec["seed"] == 3 and rec["order"] == 2 and rec["targets"] == [0.6] and rec["virtual_minutes"] == 2.0
+    assert rec["summary"]["best_accuracy"] == 0.8 and "events" not in rec["summary"]
+    assert rec["mean_tier_weights"] == [0.75, 0.25]
+    assert rec["curve"] == [[60.0, 0.6, 1_000_000, 2_000_000], [110.0, 0.8, 3_000_000, 4_000_000]]
+
+
+def test_tables_give_mean_and_spread_over_seeds_in_the_comparison_files_order(tmp_path):
+    root = tmp_path / "sums"
+    for seed, best in [(0, 0.8), (1, 0.9)]:
+        save(root, sweep.make_record(run_folder(tmp_path, seed, best, [[0.5, 0.5]]), "cmp", "fedat", 0, [0.65, 0.75]))
+    save(root, sweep.make_record(run_folder(tmp_path, 0, 0.7, [[1.0, 0.0]]), "cmp", "fedavg", 1, [0.65, 0.75]))
+    records = sweep.load_records(root)
+    assert list(records["cmp"]) == ["fedat", "fedavg"]  # file order, not alphabetical
+    md = sweep.render(root)
+    assert "| fedat | 0,1 | 0.850 ± 0.071 | 0.850 ± 0.071 | 1.00 ± 0.47 | [6, 2] | [0.5, 0.5] | 1 |" in md
+    assert "| fedavg | 0 | 0.700 | 0.700 | 0.67 | [6, 2] | [1.0, 0.0] | 0 |" in md
+    # 0.65: seed 1 at 60 s with 3 MB, seed 0 at 110 s with 7 MB; 0.75: both at 110 s; fedavg never reaches 0.75
+    assert "| fedat | 5 ± 3 | 85 ± 35 | 7 ± 0 | 110 ± 0 |" in md
+    assert "| fedavg | 7 | 110 | — (0/1) | — |" in md
+
+
+def test_the_generated_block_is_replaced_and_the_text_around_it_kept():
+    text = f"intro\n{sweep.BEGIN}\nold\n{sweep.END}\noutro\n"
+    assert sweep.replace_block(text, "new") == f"intro\n{sweep.BEGIN}\n\nnew\n\n{sweep.END}\noutro\n"
+    assert sweep.replace_block("intro\n", "new").endswith(f"{sweep.BEGIN}\n\nnew\n\n{sweep.END}\n")
+
+
+def test_pending_skips_done_runs_and_runs_single_seed_methods_on_the_first_seed_only():
+    todo = sweep.pending(["fedat", "fedbuff"], [0, 1], ["fedbuff"], {("fedat", 0)})
+    assert todo == [("fedbuff", 0), ("fedat", 1)]
+
+
+def test_a_record_of_another_schema_is_refused_by_name(tmp_path):
+    path = sweep.record_path(tmp_path, "cmp", "fedat", 0)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"schema": 99}))
+    with pytest.raises(ValueError, match="seed-0.json: record schema 99"):
+        sweep.load_records(tmp_path)
+
+
+def test_the_simulate_section_of_a_comparison_file_is_read_and_checked(tmp_path):
+    base = tmp_path / "base.yaml"
+    base.write_text("name: b\nminutes: 3\nsettings: {seed: 7}\n")
+    cmp = tmp_path / "cmp.yaml"
+    cmp.write_text("name: c\nbase: base.yaml\nmethods: {fedat: {}, fedbuff: {strategy: fedbuff}}\n")
+    assert simulation_plan(cmp) == sweep_plan(3.0, (7,), ())
+    cmp.write_text(cmp.read_text() + "simulate: {virtual_minutes: 40, seeds: [0, 1, 2], single_seed: [fedbuff]}\n")
+    assert simulation_plan(cmp) == sweep_plan(40.0, (0, 1, 2), ("fedbuff",))
+    cmp.write_text(cmp.read_text().replace("[fedbuff]", "[fedbuf]"))
+    with pytest.raises(ValueError, match="unknown method"):
+        simulation_plan(cmp)
+
+
+def sweep_plan(minutes: float, seeds: tuple[int, ...], single: tuple[str, ...]):
+    from fedat.compare_run import SimulationPlan
+
+    return SimulationPlan(minutes, seeds, single)
