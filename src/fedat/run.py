@@ -23,15 +23,17 @@ import time
 import urllib.request
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from fedat import calibrate as cal
 from fedat import provision as prov
 from fedat import signing
 from fedat.bus import BrokerConfig, run_service
+from fedat.latency import client_profiles
 from fedat.metrics import transport_metrics
 from fedat.recorder import Recorder, RunState
 from fedat.roles import SERVICE_ROLES
@@ -60,12 +62,14 @@ MANAGEMENT_ENV = (
 
 @dataclass(frozen=True)
 class Experiment:
-    """An experiment file: a name, how many worker processes, and FEDAT_* settings shared by every service."""
+    """An experiment file: a name, how many worker processes, FEDAT_* settings shared by every service, and whether
+    `fedat run` rescales the latency model so that the workers are busy a target share of the time (0: never)."""
 
     name: str
     workers: int
     minutes: float
     settings: dict[str, Any]
+    calibrate: float = 0.0  # `fedat run` only: a comparison or a simulation keeps the file's fixed time scale
 
     def env(self) -> dict[str, str]:
         """The settings as FEDAT_* environment variables (lists become comma-separated)."""
@@ -104,11 +108,15 @@ def load_experiment(path: str | Path) -> Experiment:
     if not isinstance(raw, dict) or not isinstance(raw.get("settings"), dict):
         raise ValueError(f"{path}: expected a map with 'name', 'workers', 'minutes' and a 'settings' map")
     check_settings(raw["settings"], str(path))
+    target = float(raw.get("calibrate") or 0)
+    if not 0 <= target <= 2:
+        raise ValueError(f"{path}: calibrate is the workers' target utilisation, within (0, 2] (0: off), got {target}")
     return Experiment(
         name=str(raw.get("name", Path(path).stem)),
         workers=int(raw.get("workers", 2)),
         minutes=float(raw.get("minutes", 10)),
         settings=dict(raw["settings"]),
+        calibrate=target,
     )
 
 
@@ -284,6 +292,189 @@ def _management(env: Mapping[str, str]) -> tuple[str, str, str]:
     return env.get("FEDAT_MANAGEMENT_URL", prov.DEFAULT_API_URL), env.get("FEDAT_ADMIN_USER", "guest"), password
 
 
+PROBE_SECONDS = 4.0  # measured per probe after tracing: a few client tasks, against a 10-minute run
+SIMULATED_REFINEMENTS = 2  # virtual-time corrections of the closed-form guess (each a few seconds, no TensorFlow)
+
+
+def probe_machine(env: dict[str, str], workers: int, seconds: float = PROBE_SECONDS) -> dict:
+    """Seconds per training step here: one `fedat_worker.probe` per worker process, all measuring at once."""
+    cmd = [sys.executable, "-m", "fedat_worker.probe", "--seconds", str(seconds)]
+    probes = [
+        subprocess.Popen(
+            cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, preexec_fn=_die_with_parent
+        )
+        for _ in range(workers)
+    ]
+    try:
+        for p in probes:  # each traces first: the measurements start together, the cores loaded as in the run
+            if p.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"the trainer probe failed (exit {p.wait()})")
+        for p in probes:
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        results = [json.loads(p.stdout.readline()) for p in probes]
+    finally:
+        for p in probes:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    return {
+        # CPU seconds, not wall: what a step costs a core of this machine, whoever else shares it during the probe.
+        "cpu_step_seconds": sum(r["cpu_step_seconds"] for r in results) / len(results),
+        "wall_step_seconds": sum(r["step_seconds"] for r in results) / len(results),
+        "probes": [{k: v for k, v in r.items() if k != "train_samples"} for r in results],
+        "train_samples": results[0]["train_samples"],
+    }
+
+
+def simulated_demand(exp: Experiment, train_samples: list[int], step_cost: float) -> dict:
+    """Steps the services release in `exp.minutes` of virtual time (`fedat_sim.demand`, its own process)."""
+    request = {
+        "experiment": {"name": exp.name, "workers": exp.workers, "minutes": exp.minutes, "settings": exp.settings},
+        "train_samples": train_samples,
+        "measured_step_seconds": step_cost,
+    }
+    r = subprocess.run(
+        [sys.executable, "-m", "fedat_sim.demand"], input=json.dumps(request), capture_output=True, text=True
+    )
+    if r.returncode != 0:
+        raise RuntimeError(f"the demand simulation failed: {r.stderr.strip()[-2000:]}")
+    return json.loads(r.stdout)
+
+
+def calibrate_experiment(exp: Experiment, env: dict[str, str]) -> tuple[Experiment, dict]:
+    """`exp` with the time scale at which its workers are busy `exp.calibrate` of the time here; how it was found."""
+    if str(exp.settings.get("strategy", "fedat")) not in cal.TIER_LOOPS:
+        raise ValueError(f"calibrate models tier loops ({sorted(cal.TIER_LOOPS)}), not {exp.settings['strategy']!r}")
+    print(f"[fedat] calibrating: {exp.workers} trainer probes ...", flush=True)
+    probe = probe_machine(env, exp.workers)
+    cost = probe["cpu_step_seconds"]
+    sizes = probe.pop("train_samples")
+    capacity = cal.worker_capacity(exp.workers, os.cpu_count() or 1)
+    profile = cal.profile_from_env(exp.env())
+    seed = int(exp.settings.get("seed", 0))
+    batch, epochs = int(exp.settings.get("batch_size", 10)), int(exp.settings.get("epochs", 3))
+    guess = cal.calibrate(
+        client_profiles(len(sizes), profile, seed),
+        [epochs * -(-n // batch) for n in sizes],
+        cost,
+        step_seconds=profile.step_seconds,
+        time_scale=profile.time_scale,
+        capacity=capacity,
+        num_tiers=int(exp.settings.get("num_tiers", 5)),
+        clients_per_round=int(exp.settings.get("clients_per_round", 10)),
+        target=exp.calibrate,
+        tier_sizes=tuple(float(x) for x in exp.settings.get("tier_sizes", ()) or ()),
+    )
+    time_scale, simulated = guess.time_scale, []
+    for _ in range(SIMULATED_REFINEMENTS):
+        trial = replace(exp, settings={**exp.settings, "time_scale": time_scale})
+        d = simulated_demand(trial, sizes, cost)
+        used = cal.utilisation(d["steps"], d["window_seconds"], cost, capacity)
+        simulated.append({"time_scale": time_scale, "utilisation": round(used, 4), **d})
+        if used <= 0 or abs(used / exp.calibrate - 1) < 0.03:
+            break
+        time_scale = cal.rescale(time_scale, used, exp.calibrate)
+    record = {
+        "target": exp.calibrate,
+        "workers": exp.workers,
+        "capacity_cores": capacity,
+        "step_cost_seconds": cost,
+        "probe": probe,
+        "reference_time_scale": profile.time_scale,
+        "time_scale": time_scale,
+        "factor": time_scale / profile.time_scale,
+        "step_seconds": profile.step_seconds,  # unchanged: every latency is scaled by `factor` through the time scale
+        "closed_form": {
+            "time_scale": guess.time_scale,
+            "reference_utilisation": round(guess.reference_utilisation, 4),
+            "round_seconds": [round(t, 2) for t in guess.round_seconds],
+        },
+        "simulated": simulated,
+    }
+    print(
+        f"[fedat] calibrated: {cost * 1e3:.2f} ms of CPU per step (wall {probe['wall_step_seconds'] * 1e3:.2f} ms); "
+        f"time_scale {profile.time_scale:g} -> {time_scale:.4g} for {exp.calibrate:.0%} busy workers",
+        flush=True,
+    )
+    return replace(exp, settings={**exp.settings, "time_scale": round(time_scale, 6)}), record
+
+
+def proc_cpu_seconds(stat: str, ticks: int) -> float:
+    """User + system CPU seconds from the text of /proc/<pid>/stat (fields 14 and 15, after the command's ')')."""
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+def _cpu_seconds(pid: int) -> float | None:
+    try:
+        return proc_cpu_seconds(Path(f"/proc/{pid}/stat").read_text(), os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError):
+        return None
+
+
+def train_seconds_total(metrics_text: str) -> float:
+    """Sum over tiers of a worker's `fedat_client_train_seconds_sum` (wall seconds inside the trainer)."""
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics_text.splitlines()
+        if line.startswith("fedat_client_train_seconds_sum")
+    )
+
+
+def _train_seconds(port: int | None) -> float | None:
+    if not port:
+        return None
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as r:
+            return train_seconds_total(r.read().decode())
+    except (OSError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class Sample:
+    """Each worker's CPU seconds and training seconds at one instant."""
+
+    at: float
+    cpu: dict[str, float | None]
+    train: dict[str, float | None]
+
+
+def sample_workers(procs: Processes, ports: dict[str, int]) -> Sample:
+    """CPU seconds (/proc) and wall seconds spent training (its metrics) of every worker process, now."""
+    workers = [(n, p) for n, p, _ in procs.procs if n.startswith("worker-")]
+    return Sample(
+        time.time(),
+        {n: _cpu_seconds(p.pid) for n, p in workers},
+        {n: _train_seconds(ports.get(n)) for n, _ in workers},
+    )
+
+
+def worker_utilisation(start: Sample, end: Sample) -> dict:
+    """CPU seconds per wall second of each worker between two samples, and the share of it spent training."""
+    wall = end.at - start.at
+
+    def rate(a: float | None, b: float | None) -> float | None:
+        return round((b - a) / wall, 4) if a is not None and b is not None and wall > 0 else None
+
+    cpu = {n: rate(start.cpu.get(n), end.cpu.get(n)) for n in end.cpu}
+    train = {n: rate(start.train.get(n), end.train.get(n)) for n in end.train}
+
+    def mean(xs: dict) -> float | None:
+        vals = [v for v in xs.values() if v is not None]
+        return round(sum(vals) / len(vals), 4) if vals else None
+
+    return {
+        "mean": mean(cpu),
+        "per_worker": cpu,
+        "training_mean": mean(train),
+        "training_per_worker": train,
+        "window_seconds": round(wall, 1),
+        "window": "first global update to the end of the run",
+    }
+
+
 def run(
     exp: Experiment,
     results: Path,
@@ -297,18 +488,19 @@ def run(
     out = results / run_id
     out.mkdir(parents=True)
     num_tiers = int(exp.settings.get("num_tiers", 5))
+    minutes = exp.minutes if minutes is None else minutes
+    base_env = {k: v for k, v in os.environ.items() if k not in MANAGEMENT_ENV}
+    calibration = None
+    if exp.calibrate:  # before the vhost exists: a failed probe leaves nothing behind on the broker
+        exp, calibration = calibrate_experiment(
+            replace(exp, minutes=minutes), {**base_env, **exp.env(), "TF_CPP_MIN_LOG_LEVEL": "2"}
+        )
     broker = Broker(amqp_url, num_tiers)
     broker.open()
-    minutes = exp.minutes if minutes is None else minutes
     started = time.time()
-    env = {
-        **{k: v for k, v in os.environ.items() if k not in MANAGEMENT_ENV},
-        **exp.env(),
-        "TF_CPP_MIN_LOG_LEVEL": "2",
-    }
-    (out / "experiment.json").write_text(
-        json.dumps({"name": exp.name, "workers": exp.workers, "minutes": minutes, "settings": exp.settings}, indent=2)
-    )
+    env = {**base_env, **exp.env(), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    meta = {"name": exp.name, "workers": exp.workers, "minutes": minutes, "settings": exp.settings}
+    (out / "experiment.json").write_text(json.dumps({**meta, "calibration": calibration}, indent=2))
     procs = Processes(env, out / "logs")
     state = RunState(started_at=started)
     stop = threading.Event()
@@ -326,6 +518,7 @@ def run(
         daemon=True,
     )
     failure = None
+    window_start = window_end = None  # the workers' CPU and training seconds, for their utilisation
     observer = None  # a local Prometheus (--prometheus)
     # Stop like Ctrl-C: services stopped, vhost and users deleted, summary written.
     interrupted = False
@@ -360,6 +553,8 @@ def run(
             time.sleep(5)
             if procs.dead():
                 raise RuntimeError(f"services died: {procs.dead()} (see {out / 'logs'})")
+            if window_start is None and state.version >= 1:  # profiled, tiers assigned, a first round merged
+                window_start = sample_workers(procs, ports)
             print(_progress(state, time.time() - t0), flush=True)
     except KeyboardInterrupt:
         interrupted = True
@@ -368,6 +563,8 @@ def run(
         failure = str(exc)
         print(f"[fedat] run failed: {failure}", flush=True)
     finally:
+        if window_start is not None:
+            window_end = sample_workers(procs, ports)
         if observer is not None:
             observer.stop()
         procs.stop()
@@ -380,6 +577,9 @@ def run(
     summary = summarize(exp, state, time.time() - started)
     summary["failure"] = failure
     summary["run_dir"] = str(out)
+    summary["calibration"] = calibration
+    summary["worker_utilisation"] = worker_utilisation(window_start, window_end) if window_end else None
+    summary["load_average"] = [round(x, 2) for x in os.getloadavg()]  # others' work on the machine lowers the above
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     try:
         from fedat.plots import plot_run
@@ -388,6 +588,14 @@ def run(
     except ImportError:
         print("[fedat] matplotlib missing: no plots", flush=True)
     print(json.dumps(summary, indent=2))
+    if summary["worker_utilisation"]:
+        u = summary["worker_utilisation"]
+        print(
+            f"[fedat] workers busy (CPU s per s, {u['window_seconds']:.0f} s after the first global update): "
+            f"mean {u['mean']}, per worker {u['per_worker']}; training {u['training_mean']}; "
+            f"load average {summary['load_average']}",
+            flush=True,
+        )
     if interrupted:
         raise KeyboardInterrupt  # after the clean-up and the summary: callers such as `fedat compare` stop too
     if failure:
