@@ -15,6 +15,10 @@ from fedat_sim.clients import Parts
 from fedat_worker.data import ClientData
 
 SHAPES = ((6, 4), (4,))
+# The "measured" seconds per mini-batch step the stand-in reports (a CNN step on one core is ~0.006 s). Never 0:
+# with `step_seconds` unset the latency model uses the measured time, and a zero-delay group would then answer in
+# zero virtual time, so its rounds would close forever at one instant (the smoke experiments' first delay group).
+STEP_SECONDS = 0.005
 
 
 @dataclass(frozen=True)
@@ -42,13 +46,15 @@ class FakeTrainer:
         learning_rate: float | None = None,
         batch_size: int | None = None,
     ) -> FakeResult:
-        """A deterministic local step: w + (1 - 0.5^epochs) (target - w), plus seeded noise."""
+        """A deterministic local step: w + (1 - 0.5^epochs) (target - w), plus seeded noise; timed as
+        epochs × ceil(n / batch) × STEP_SECONDS."""
         target = float(x.mean())
         step = 1.0 - 0.5**epochs
         rng = np.random.default_rng(seed)
         out = [(w + step * (target - w) + rng.normal(0.0, 0.01, w.shape)).astype(np.float32) for w in weights]
         loss = float(np.mean([np.mean((w - target) ** 2) for w in weights]))
-        return FakeResult(out, len(x), loss, 0.0)
+        steps = epochs * -(-len(x) // (batch_size or 10))
+        return FakeResult(out, len(x), loss, steps * STEP_SECONDS)
 
     def evaluate_per_client(
         self, weights: list[np.ndarray], clients: list[tuple[np.ndarray, np.ndarray]], batch_size: int = 1000
