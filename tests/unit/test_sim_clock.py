@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from fedat_sim.clock import ORIGIN, Clock
 
 
@@ -53,3 +55,17 @@ def test_events_scheduled_beyond_the_window_wait_for_the_next_run():
     assert seen == [] and clock.next_time() == ORIGIN + 5
     clock.run(ORIGIN + 6)
     assert seen == [5.0]
+
+
+def test_a_model_that_answers_in_zero_time_is_a_livelock_error_not_a_hang(monkeypatch):
+    from fedat_sim import clock as clock_module
+
+    monkeypatch.setattr(clock_module, "MAX_EVENTS_AT_ONE_INSTANT", 50)
+    c = clock_module.Clock()
+
+    def again() -> None:
+        c.after(0.0, again, "answer")
+
+    c.after(1.0, again, "answer")
+    with pytest.raises(clock_module.Livelock, match="more than 50 events at virtual time .* 'answer'"):
+        c.run(c.now + 10.0)

@@ -16,6 +16,13 @@ from dataclasses import dataclass, field
 # Virtual time starts here rather than at 0: `run_started_at == 0` means "unknown" on the wire (no drop-outs), and
 # a start far from 0 keeps every modelled time positive, as Unix times are.
 ORIGIN = 1_000_000.0
+# Events at one virtual instant before the clock calls it a livelock: a model in which something answers in zero
+# time (time_scale 0, a zero-delay group with no training time) would otherwise loop forever without time passing.
+MAX_EVENTS_AT_ONE_INSTANT = 1_000_000
+
+
+class Livelock(RuntimeError):
+    """Too many events at one virtual instant: time no longer advances."""
 
 
 @dataclass(eq=False)
@@ -41,6 +48,7 @@ class Clock:
         self._heap: list[tuple[float, float, int, Event]] = []
         self._seq = 0
         self.events_run = 0
+        self._same_instant = 0
 
     def __call__(self) -> float:
         """The current virtual time (a drop-in for `time.time` wherever a service takes a clock)."""
@@ -74,6 +82,12 @@ class Clock:
         if self.next_time() is None:
             return None
         when, _, _, event = heapq.heappop(self._heap)
+        self._same_instant = self._same_instant + 1 if when == self._now else 0
+        if self._same_instant > MAX_EVENTS_AT_ONE_INSTANT:
+            raise Livelock(
+                f"more than {MAX_EVENTS_AT_ONE_INSTANT:,} events at virtual time {when:.3f} (last: {event.label!r}): "
+                "something answers in zero modelled time (a time_scale of 0, or no training time and no delay)"
+            )
         self._now = when
         self.events_run += 1
         event.action()

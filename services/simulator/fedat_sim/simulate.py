@@ -23,7 +23,7 @@ from fedat import config, topology
 from fedat.recorder import RunState
 from fedat.run import Experiment, load_experiment, summarize
 from fedat_sim.clients import Parts, tensorflow_parts
-from fedat_sim.clock import Clock
+from fedat_sim.clock import Clock, Livelock
 from fedat_sim.memory import MemoryBroker
 from fedat_sim.shell import ServiceDied
 from fedat_sim.system import System, secret_for
@@ -89,7 +89,7 @@ def simulate(
         try:
             system.start()
             clock.run(clock.now + minutes * 60.0)
-        except ServiceDied as exc:
+        except (ServiceDied, Livelock) as exc:
             failure = str(exc)
         finally:
             system.stop()
