@@ -55,6 +55,7 @@ bench: setup broker data
 	$(PY) bench/bench_pipeline.py
 	$(PY) bench/bench_durability.py
 	$(PY) bench/bench_scale.py
+	$(PY) bench/bench_sim.py
 
 # Fault injection on a private RabbitMQ node (never the shared one): SIGKILLs across every service, broker restarts,
 # then the invariants checked from the captured message streams, against an undisturbed run of the same length.
