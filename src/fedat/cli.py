@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("results_dir", type=Path, nargs="?", help="a `fedat compare` results folder")
     t.add_argument("--sweeps", type=Path, help="a folder of sweep records (docs/summaries/sim)")
     t.add_argument("--into", type=Path, help="with --sweeps: rewrite this Markdown file's generated block")
+    t.add_argument("--plots", type=Path, help="with --sweeps: write <comparison>-sim-accuracy-vs-time.png here")
     _provision_parser(sub)
     sm = sub.add_parser(
         "simulate",
@@ -105,6 +106,13 @@ def _tabulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
         from fedat import sweep
 
         block = sweep.render(args.sweeps)
+        if args.plots:
+            from fedat.plots import plot_sweep
+
+            for comparison, methods in sweep.load_records(args.sweeps).items():
+                out = args.plots / f"{comparison}-sim-accuracy-vs-time.png"
+                plot_sweep(out, f"{comparison} (simulated)", methods)
+                print(f"{out}: {len(methods)} methods")
         if args.into:
             args.into.write_text(sweep.replace_block(args.into.read_text(), block))
             print(f"{args.into}: generated block rewritten from {args.sweeps}")

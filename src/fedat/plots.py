@@ -114,3 +114,28 @@ def plot_comparison(folder: Path, results) -> None:
         fig.tight_layout()
         fig.savefig(folder / name, dpi=100)
         plt.close(fig)
+
+
+def plot_sweep(path: Path, title: str, methods) -> None:
+    """Accuracy vs virtual time of a sweep: a colour per method, a line per seed (`methods`: method → records)."""
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for i, (method, records) in enumerate(methods.items()):
+        colour = f"C{i % 10}"
+        for j, rec in enumerate(records):
+            curve = rec["curve"]
+            ax.plot(
+                [p[0] for p in curve],
+                [p[1] for p in curve],
+                color=colour,
+                linewidth=1.0,
+                alpha=0.8,
+                label=f"{method} ({len(records)} seed{'s' if len(records) > 1 else ''})" if j == 0 else None,
+            )
+    ax.set_title(title)
+    ax.set_xlabel("virtual time (s)")
+    ax.set_ylabel("mean client test accuracy")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -93,3 +93,16 @@ def sweep_plan(minutes: float, seeds: tuple[int, ...], single: tuple[str, ...]):
     from fedat.compare_run import SimulationPlan
 
     return SimulationPlan(minutes, seeds, single)
+
+
+def test_fedat_tabulate_sweeps_rewrites_the_block_and_draws_each_comparison(tmp_path):
+    from fedat.cli import main
+
+    root = tmp_path / "sums"
+    save(root, sweep.make_record(run_folder(tmp_path, 0, 0.8, [[0.5, 0.5]]), "cmp", "fedat", 0, [0.65]))
+    md = tmp_path / "results.md"
+    md.write_text(f"# Results\n{sweep.BEGIN}\nstale\n{sweep.END}\nkept\n")
+    main(["tabulate", "--sweeps", str(root), "--into", str(md), "--plots", str(tmp_path)])
+    text = md.read_text()
+    assert "stale" not in text and "| fedat | 0 | 0.800 |" in text and text.endswith("kept\n")
+    assert (tmp_path / "cmp-sim-accuracy-vs-time.png").stat().st_size > 1000
