@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("results_dir", type=Path, nargs="?", help="a `fedat compare` results folder")
     t.add_argument("--sweeps", type=Path, help="a folder of sweep records (docs/summaries/sim)")
     t.add_argument("--into", type=Path, help="with --sweeps: rewrite this Markdown file's generated block")
+    t.add_argument("--minutes", type=float, help="with --sweeps: tables at this virtual budget (longer runs are cut)")
     t.add_argument("--plots", type=Path, help="with --sweeps: write <comparison>-sim-accuracy-vs-time.png here")
     _provision_parser(sub)
     sm = sub.add_parser(
@@ -105,7 +106,7 @@ def _tabulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
     if args.sweeps:
         from fedat import sweep
 
-        block = sweep.render(args.sweeps)
+        block = sweep.render(args.sweeps, minutes=args.minutes)
         if args.plots:
             from fedat.plots import plot_sweep
 

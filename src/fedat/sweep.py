@@ -48,17 +48,28 @@ def make_record(run_dir: Path, comparison: str, method: str, order: int = 0, tar
     """The small record of a finished run folder: settings, headline numbers, curve, mean tier weights.
 
     `order` is the method's place in its comparison file (tables keep it), `targets` the comparison's accuracies.
+    `at_eval` holds, for each evaluation, what the tables need at that instant (variance, evaluated version, rounds
+    per tier, Σ tier weights and global versions so far), so that `truncated` gives any shorter budget's record:
+    a simulation is deterministic, so the first M minutes of a longer run are the M-minute run.
     """
     summary = json.loads((run_dir / "summary.json").read_text())
     experiment = json.loads((run_dir / "experiment.json").read_text())
-    curve, weights = [], []
+    curve: list[list] = []
+    at_eval: list[list] = []
+    counts: list[int] = []
+    wsum: list[float] = []
+    globals_ = 0
     for line in (run_dir / "events.jsonl").read_text().splitlines():
         e = json.loads(line)
         if e["event"] == "evaluation":
             curve.append([e["time"], round(e["accuracy"], 5), e["bytes_up"], e["bytes_down"]])
-        elif e["event"] == "global" and e.get("tier_weights"):
-            weights.append(e["tier_weights"])
-    mean_weights = [round(sum(col) / len(weights), 4) for col in zip(*weights, strict=True)] if weights else []
+            at_eval.append([e.get("variance"), e["version"], list(counts), [round(w, 4) for w in wsum], globals_])
+        elif e["event"] == "global":
+            counts = list(e.get("tier_counts") or counts)
+            if e.get("tier_weights"):
+                ws = e["tier_weights"]
+                wsum = [a + b for a, b in zip(wsum, ws, strict=True)] if wsum else list(ws)
+                globals_ += 1
     return {
         "schema": SCHEMA,
         "comparison": comparison,
@@ -69,8 +80,46 @@ def make_record(run_dir: Path, comparison: str, method: str, order: int = 0, tar
         "virtual_minutes": experiment.get("simulated", {}).get("virtual_minutes", experiment.get("minutes")),
         "settings": experiment["settings"],
         "summary": {k: summary.get(k) for k in KEPT},
+        "mean_tier_weights": [round(w / globals_, 4) for w in wsum] if globals_ else [],
+        "curve": curve,
+        "at_eval": at_eval,
+    }
+
+
+def truncated(rec: dict, minutes: float) -> dict:
+    """The record of the first `minutes` of a longer run (headline numbers as of its last evaluation by then)."""
+    if minutes > rec["virtual_minutes"] + 1e-9:
+        raise ValueError(f"{rec['method']} seed {rec['seed']}: ran {rec['virtual_minutes']:g} min, not {minutes:g}")
+    if abs(minutes - rec["virtual_minutes"]) < 1e-9:
+        return rec
+    k = sum(1 for p in rec["curve"] if p[0] <= minutes * 60.0)
+    curve, at = rec["curve"][:k], rec["at_eval"][:k]
+    summary = {**rec["summary"], "client_updates": None, "client_trainings": None, "profile_trainings": None}
+    mean_weights: list[float] = []
+    if k:
+        best = max(range(k), key=lambda i: curve[i][1])
+        rounds, wsum, n = at[k - 1][2:]
+        summary.update(
+            best_accuracy=curve[best][1],
+            best_version=at[best][1],
+            best_accuracy_variance=at[best][0],
+            final_accuracy=curve[-1][1],
+            tier_rounds=rounds,
+            bytes_up=curve[-1][2],
+            bytes_down=curve[-1][3],
+            global_updates=n,
+            evaluations=k,
+            virtual_seconds=minutes * 60.0,
+        )
+        mean_weights = [round(w / n, 4) for w in wsum] if n else []
+    return {
+        **rec,
+        "virtual_minutes": minutes,
+        "truncated_from": rec["virtual_minutes"],
+        "summary": summary,
         "mean_tier_weights": mean_weights,
         "curve": curve,
+        "at_eval": at,
     }
 
 
@@ -115,7 +164,7 @@ def seed_accuracy_table(methods: Mapping[str, Sequence[dict]], reference: str = 
     ref_var = mean_std(ref_vars)[0] if ref_vars else None
     lines = [
         "| method | seeds | best accuracy | last-quarter mean | norm. variance | rounds per tier (mean) "
-        "| tier weights (mean) | compute (core-min) |",
+        "| tier weights (mean) | compute (core-min of the whole runs) |",
         "|---|---:|---:|---:|---:|---|---|---:|",
     ]
     for method, recs in methods.items():
@@ -151,17 +200,27 @@ def seed_traffic_table(methods: Mapping[str, Sequence[dict]], targets: Sequence[
     return "\n".join(lines)
 
 
-def render(root: Path, only: str | None = None) -> str:
-    """Markdown tables of every comparison under `root` (or just `only`), each with its file's targets."""
+def at_budget(methods: Mapping[str, Sequence[dict]], minutes: float | None) -> tuple[float, dict[str, list[dict]]]:
+    """Every record cut to `minutes` (default: the shortest record's budget); records that ran less are left out."""
+    budget = minutes if minutes is not None else min(r["virtual_minutes"] for rs in methods.values() for r in rs)
+    out = {m: [truncated(r, budget) for r in rs if r["virtual_minutes"] >= budget - 1e-9] for m, rs in methods.items()}
+    return budget, {m: rs for m, rs in out.items() if rs}
+
+
+def render(root: Path, only: str | None = None, minutes: float | None = None) -> str:
+    """Markdown tables of every comparison under `root` (or just `only`) at one virtual budget, with its targets."""
     parts = []
-    for comparison, methods in load_records(root).items():
+    for comparison, every in load_records(root).items():
         if only is not None and comparison != only:
+            continue
+        budget, methods = at_budget(every, minutes)
+        if not methods:
             continue
         first = next(iter(methods.values()))[0]
         reference = "fedat" if "fedat" in methods else next(iter(methods))
         ts = first.get("targets") or (0.70, 0.79, 0.85)
         parts += [
-            f"### {comparison} ({first['virtual_minutes']:g} virtual min per run)",
+            f"### {comparison} ({budget:g} virtual min per run)",
             seed_accuracy_table(methods, reference),
             seed_traffic_table(methods, ts),
         ]

@@ -21,8 +21,22 @@ def run_folder(tmp: Path, seed: int, best: float, weights: list[list[float]]) ->
     (run / "summary.json").write_text(json.dumps({**summary, "wall_seconds": 30.0, "events": "not kept"}))
     lines = [{"event": "global", "time": 1.0, "tier_weights": w} for w in weights]
     lines += [
-        {"event": "evaluation", "time": 60.0, "accuracy": best - 0.2, "bytes_up": 1_000_000, "bytes_down": 2_000_000},
-        {"event": "evaluation", "time": 110.0, "accuracy": best, "bytes_up": 3_000_000, "bytes_down": 4_000_000},
+        {
+            "event": "evaluation",
+            "time": 60.0,
+            "version": 1,
+            "accuracy": best - 0.2,
+            "bytes_up": 1_000_000,
+            "bytes_down": 2_000_000,
+        },
+        {
+            "event": "evaluation",
+            "time": 110.0,
+            "version": 2,
+            "accuracy": best,
+            "bytes_up": 3_000_000,
+            "bytes_down": 4_000_000,
+        },
     ]
     (run / "events.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     return run
@@ -55,6 +69,57 @@ def test_tables_give_mean_and_spread_over_seeds_in_the_comparison_files_order(tm
     # 0.65: seed 1 at 60 s with 3 MB, seed 0 at 110 s with 7 MB; 0.75: both at 110 s; fedavg never reaches 0.75
     assert "| fedat | 5 ± 3 | 85 ± 35 | 7 ± 0 | 110 ± 0 |" in md
     assert "| fedavg | 7 | 110 | — (0/1) | — |" in md
+
+
+def test_the_first_minutes_of_a_longer_run_give_the_shorter_budgets_record(tmp_path):
+    run = run_folder(tmp_path, 0, 0.8, [])
+    lines = [
+        {"event": "global", "time": 5.0, "tier_counts": [1, 0], "tier_weights": [1.0, 0.0]},
+        {
+            "event": "evaluation",
+            "time": 30.0,
+            "accuracy": 0.5,
+            "variance": 0.2,
+            "version": 1,
+            "bytes_up": 1,
+            "bytes_down": 2,
+        },
+        {"event": "global", "time": 40.0, "tier_counts": [1, 1], "tier_weights": [0.5, 0.5]},
+        {
+            "event": "evaluation",
+            "time": 60.0,
+            "accuracy": 0.4,
+            "variance": 0.3,
+            "version": 2,
+            "bytes_up": 3,
+            "bytes_down": 4,
+        },
+        {"event": "global", "time": 70.0, "tier_counts": [2, 1], "tier_weights": [0.0, 1.0]},
+        {
+            "event": "evaluation",
+            "time": 90.0,
+            "accuracy": 0.9,
+            "variance": 0.1,
+            "version": 3,
+            "bytes_up": 5,
+            "bytes_down": 6,
+        },
+    ]
+    (run / "events.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    rec = sweep.make_record(run, "cmp", "fedat")
+    assert rec["mean_tier_weights"] == [0.5, 0.5] and rec["virtual_minutes"] == 2.0
+    cut = sweep.truncated(rec, 1.0)  # the evaluations at 30 and 60 s
+    assert cut["curve"] == [[30.0, 0.5, 1, 2], [60.0, 0.4, 3, 4]] and cut["truncated_from"] == 2.0
+    sm = cut["summary"]
+    assert (sm["best_accuracy"], sm["best_version"], sm["best_accuracy_variance"]) == (0.5, 1, 0.2)
+    assert (sm["final_accuracy"], sm["tier_rounds"], sm["global_updates"], sm["bytes_up"]) == (0.4, [1, 1], 2, 3)
+    assert cut["mean_tier_weights"] == [0.75, 0.25] and sweep.truncated(rec, 2.0) is rec
+    with pytest.raises(ValueError, match="ran 2 min, not 3"):
+        sweep.truncated(rec, 3.0)
+    budget, methods = sweep.at_budget({"fedat": [rec, {**rec, "seed": 1, "virtual_minutes": 0.5}]}, None)
+    assert budget == 0.5 and [r["seed"] for r in methods["fedat"]] == [0, 1]
+    budget, methods = sweep.at_budget({"fedat": [rec, {**rec, "seed": 1, "virtual_minutes": 0.5}]}, 1.0)
+    assert [r["seed"] for r in methods["fedat"]] == [0]  # the half-minute run cannot stand for a minute
 
 
 def test_the_generated_block_is_replaced_and_the_text_around_it_kept():

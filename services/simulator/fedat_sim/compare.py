@@ -1,7 +1,7 @@
 """`fedat compare --simulate`: every method of a comparison on several seeds in virtual time, a run per core.
 
 Each finished run leaves its record (`fedat.sweep`) under the summaries folder at once, and a record that exists
-with the same virtual minutes is not run again: a sweep stopped half-way resumes where it stopped.
+with at least these virtual minutes is not run again: a sweep stopped half-way resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ from fedat.compare_run import load_comparison, simulation_plan
 
 
 def _done(summaries: Path, name: str, minutes: float) -> set[tuple[str, int]]:
-    """(method, seed) of the records already there for this comparison and budget."""
+    """(method, seed) of the records already there for this comparison that ran at least `minutes` (a longer run
+    holds every shorter budget's run: `fedat.sweep.truncated`)."""
     done = set()
     for path in (summaries / name).glob("*/seed-*.json"):
         rec = json.loads(path.read_text())
-        if abs(float(rec["virtual_minutes"]) - minutes) < 1e-9:
+        if float(rec["virtual_minutes"]) >= minutes - 1e-9:
             done.add((rec["method"], int(rec["seed"])))
     return done
 
@@ -84,7 +85,7 @@ def compare_simulated(
                 + (f", FAILED {sm['failure']}" if sm["failure"] else ""),
                 flush=True,
             )
-    md = f"# {name}, simulated\n\n" + sweep.render(summaries, only=name)
+    md = f"# {name}, simulated\n\n" + sweep.render(summaries, only=name, minutes=minutes)
     (results / f"{name}-sim.md").write_text(md + "\n")
     return md
 
