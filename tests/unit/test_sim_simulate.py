@@ -65,6 +65,18 @@ def test_the_same_experiment_and_seed_give_the_same_events_and_another_seed_does
     assert json.loads((tmp_path / "c" / "experiment.json").read_text())["settings"]["seed"] == 1
 
 
+def test_a_run_stopped_early_is_exactly_the_shorter_run(tmp_path):
+    exp = Experiment("tiny", 2, 1, dict(SMALL))
+    full = simulate(exp, tmp_path, 3, parts=fake_parts(8), tag="full")
+    looks = iter(range(100))
+    short = simulate(exp, tmp_path, 3, parts=fake_parts(8), tag="short", stop=lambda: next(looks) >= 2)
+    assert short["virtual_seconds"] == 90.0 and full["virtual_seconds"] == 180.0  # stopped at the third look
+    meta = json.loads((tmp_path / "short" / "experiment.json").read_text())["simulated"]
+    assert meta["virtual_minutes"] == 1.5 and meta["planned_minutes"] == 3
+    prefix = [e for e in events(tmp_path / "full") if e["time"] <= 90.0]
+    assert events(tmp_path / "short") == prefix and len(prefix) < len(events(tmp_path / "full"))
+
+
 @pytest.mark.tf
 def test_a_tiny_logreg_experiment_runs_every_tier_and_learns_and_repeats_exactly(tmp_path):
     pytest.importorskip("tensorflow")

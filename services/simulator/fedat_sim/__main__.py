@@ -22,10 +22,12 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # A simulation dead-letters stale stragglers by the thousand, as a real run does; its log is for errors only.
     logging.basicConfig(level=logging.ERROR, format="%(name)s %(levelname)s: %(message)s")
-    from fedat_sim.simulate import simulate
+    from fedat_sim.simulate import simulate, stop_on_sigterm
 
     try:
-        summary = simulate(args.experiment, args.results, args.virtual_minutes, args.seed, tag=args.tag)
+        summary = simulate(
+            args.experiment, args.results, args.virtual_minutes, args.seed, tag=args.tag, stop=stop_on_sigterm()
+        )
     except (OSError, ValueError) as exc:
         sys.exit(f"fedat simulate: {exc}")
     print(json.dumps(summary, indent=2))

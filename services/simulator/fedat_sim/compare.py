@@ -35,12 +35,14 @@ def run_one(path: Path, method: str, seed: int, minutes: float, results: Path, s
     """Simulate one (method, seed) of the comparison and write its record; return the record (in a fresh process)."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logging.basicConfig(level=logging.ERROR, format="%(name)s %(levelname)s: %(message)s")
-    from fedat_sim.simulate import simulate
+    from fedat_sim.simulate import simulate, stop_on_sigterm
 
     name, _, targets, exps = load_comparison(path)
     methods = [e.name.removeprefix(f"{name}-") for e in exps]
     exp = exps[methods.index(method)]
-    summary = simulate(exp, results, minutes, seed, tag=f"{name}-{method}-seed{seed}-{time.strftime('%H%M%S')}")
+    tag = f"{name}-{method}-seed{seed}-{time.strftime('%H%M%S')}"
+    # SIGTERM to this process ends the run early: its record is then the shorter run's (and counts only for that)
+    summary = simulate(exp, results, minutes, seed, tag=tag, stop=stop_on_sigterm())
     rec = sweep.make_record(Path(summary["run_dir"]), name, method, methods.index(method), targets)
     out = sweep.record_path(summaries, name, method, seed)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import json
 import random
+import signal
+import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -28,6 +31,15 @@ from fedat_sim.memory import MemoryBroker
 from fedat_sim.shell import ServiceDied
 from fedat_sim.system import System, secret_for
 from fedat_worker.workload import workload_from_env
+
+STOP_GRAIN = 30.0  # virtual seconds between looks at `stop`
+
+
+def stop_on_sigterm() -> Callable[[], bool]:
+    """A stop flag raised by SIGTERM: the run in progress ends early as the folder of a shorter run."""
+    flag = threading.Event()
+    signal.signal(signal.SIGTERM, lambda signum, frame: flag.set())
+    return flag.is_set
 
 
 def _experiment(experiment: Experiment | str | Path, seed: int | None) -> Experiment:
@@ -45,11 +57,14 @@ def simulate(
     tag: str = "",
     workers: int = 1,
     signed: bool = True,
+    stop: Callable[[], bool] | None = None,
 ) -> dict:
     """Run `experiment` for `virtual_minutes` (default: its `minutes`) of virtual time; return its summary.
 
     `seed` replaces the experiment's `seed` setting (partition, model, client selection, delays) and seeds the
-    clock's tie-breaking. `parts` replaces the experiment's data and model (tests use `fedat_sim.fakes`).
+    clock's tie-breaking. `parts` replaces the experiment's data and model (tests use `fedat_sim.fakes`). If `stop()`
+    turns true, the run ends at the next whole STOP_GRAIN of virtual time and its folder is that shorter run's:
+    everything up to then happened exactly as in the full run (the simulation is deterministic).
     """
     exp = _experiment(experiment, seed)
     seed = int(exp.settings.get("seed", 0))
@@ -57,18 +72,16 @@ def simulate(
     run_id = tag or f"{time.strftime('%Y%m%d-%H%M%S')}-{exp.name}-sim-{uuid.uuid4().hex[:4]}"
     out = Path(results_dir) / run_id
     out.mkdir(parents=True)
-    (out / "experiment.json").write_text(
-        json.dumps(
-            {
-                "name": exp.name,
-                "workers": exp.workers,
-                "minutes": minutes,
-                "settings": exp.settings,
-                "simulated": {"virtual_minutes": minutes, "seed": seed, "worker_processes": workers},
-            },
-            indent=2,
-        )
-    )
+    planned = minutes
+
+    def describe(ran: float) -> None:
+        simulated = {"virtual_minutes": ran, "seed": seed, "worker_processes": workers}
+        if ran < planned:
+            simulated["planned_minutes"] = planned  # stopped early: this folder is the `ran`-minute run
+        meta = {"name": exp.name, "workers": exp.workers, "minutes": ran, "settings": exp.settings}
+        (out / "experiment.json").write_text(json.dumps({**meta, "simulated": simulated}, indent=2))
+
+    describe(minutes)
     wall0 = time.perf_counter()  # for summary.json's wall_seconds only; the simulation never reads it
     env = exp.env()
     if parts is None:
@@ -88,7 +101,13 @@ def simulate(
         system = System(exp, parts, clock, broker, state, events, workers, secret_for(seed) if signed else None)
         try:
             system.start()
-            clock.run(clock.now + minutes * 60.0)
+            end = clock.now + minutes * 60.0
+            while clock.now < end:
+                clock.run(min(end, clock.now + STOP_GRAIN))
+                if stop is not None and stop() and clock.now < end:
+                    minutes = (clock.now - state.started_at) / 60.0
+                    describe(minutes)
+                    break
         except (ServiceDied, Livelock) as exc:
             failure = str(exc)
         finally:
