@@ -17,13 +17,12 @@ Pure functions: the probe that measures the step cost lives with the trainer (`f
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from fedat import config
-from fedat.latency import PAPER_DELAYS, ClientProfile, StragglerProfile, training_seconds
+from fedat.latency import ClientProfile, training_seconds
 from fedat.tiering import Tiers, assign_tiers
 
 # Strategies whose tiers each run one round at a time, back to back (the demand model above).
@@ -152,20 +151,3 @@ def utilisation(steps: int, window_seconds: float, step_cost: float, capacity: f
 def rescale(time_scale: float, utilisation: float, target: float) -> float:
     """The time scale that turns `utilisation` (observed at `time_scale`) into `target`: demand ∝ 1 / time scale."""
     return time_scale * utilisation / target
-
-
-def profile_from_env(env: Mapping[str, str]) -> StragglerProfile:
-    """The latency model an experiment's FEDAT_* variables give the workers (as `fedat_worker.worker_main` reads it)."""
-    d = StragglerProfile()
-    flat = config.get_floats(env, "FEDAT_DELAYS", tuple(x for pair in PAPER_DELAYS for x in pair))
-    if len(flat) % 2:
-        raise config.ConfigError("FEDAT_DELAYS must list lo,hi pairs")
-    return StragglerProfile(
-        time_scale=config.get_float(env, "FEDAT_TIME_SCALE", d.time_scale),
-        delays=tuple(zip(flat[::2], flat[1::2], strict=True)),
-        device_factor=tuple(config.get_floats(env, "FEDAT_DEVICE_FACTOR", d.device_factor)),
-        unstable_clients=config.get_int(env, "FEDAT_UNSTABLE_CLIENTS", d.unstable_clients),
-        drop_window=tuple(config.get_floats(env, "FEDAT_DROP_WINDOW", d.drop_window)),
-        step_seconds=config.get_float(env, "FEDAT_STEP_SECONDS", d.step_seconds),
-        group_sizes=config.get_ints(env, "FEDAT_GROUP_SIZES", d.group_sizes),
-    )

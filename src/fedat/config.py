@@ -83,3 +83,22 @@ def broker(env: Mapping[str, str], prefetch: int):
         declare=get_int(env, "FEDAT_DECLARE_TOPOLOGY", 1) == 1,
         keyring=keyring,
     )
+
+
+def latency(env: Mapping[str, str]):
+    """The latency model (`fedat.latency.StragglerProfile`) from the FEDAT_* latency variables."""
+    from fedat.latency import PAPER_DELAYS, StragglerProfile
+
+    d = StragglerProfile()
+    flat = get_floats(env, "FEDAT_DELAYS", tuple(x for pair in PAPER_DELAYS for x in pair))
+    if len(flat) % 2:
+        raise ConfigError("FEDAT_DELAYS must list lo,hi pairs")
+    return StragglerProfile(
+        time_scale=get_float(env, "FEDAT_TIME_SCALE", d.time_scale),
+        delays=tuple(zip(flat[::2], flat[1::2], strict=True)),
+        device_factor=tuple(get_floats(env, "FEDAT_DEVICE_FACTOR", d.device_factor)),
+        unstable_clients=get_int(env, "FEDAT_UNSTABLE_CLIENTS", d.unstable_clients),
+        drop_window=tuple(get_floats(env, "FEDAT_DROP_WINDOW", d.drop_window)),
+        step_seconds=get_float(env, "FEDAT_STEP_SECONDS", d.step_seconds),
+        group_sizes=get_ints(env, "FEDAT_GROUP_SIZES", d.group_sizes),
+    )

@@ -30,8 +30,8 @@ from typing import Any
 import yaml
 
 from fedat import calibrate as cal
+from fedat import config, signing
 from fedat import provision as prov
-from fedat import signing
 from fedat.bus import BrokerConfig, run_service
 from fedat.latency import client_profiles
 from fedat.metrics import transport_metrics
@@ -351,7 +351,7 @@ def calibrate_experiment(exp: Experiment, env: dict[str, str]) -> tuple[Experime
     cost = probe["cpu_step_seconds"]
     sizes = probe.pop("train_samples")
     capacity = cal.worker_capacity(exp.workers, os.cpu_count() or 1)
-    profile = cal.profile_from_env(exp.env())
+    profile = config.latency(exp.env())
     seed = int(exp.settings.get("seed", 0))
     batch, epochs = int(exp.settings.get("batch_size", 10)), int(exp.settings.get("epochs", 3))
     guess = cal.calibrate(

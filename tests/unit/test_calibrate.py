@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from fedat import calibrate as cal
+from fedat import config
 from fedat.latency import ClientProfile, StragglerProfile, client_profiles
 from fedat.run import Experiment, Sample, load_experiment, proc_cpu_seconds, train_seconds_total, worker_utilisation
 
@@ -107,12 +108,13 @@ def test_helpers():
     assert cal.rescale(0.1, 0.45, 0.9) == pytest.approx(0.05)
 
 
-def test_the_latency_model_is_read_as_the_worker_reads_it():
-    from fedat_worker.worker_main import straggler_from_env
-
-    env = load_experiment(FMNIST2).env()
-    assert cal.profile_from_env(env) == straggler_from_env(env)
-    assert cal.profile_from_env({}) == straggler_from_env({})
+def test_the_latency_model_is_read_from_the_experiments_variables():
+    exp = load_experiment(FMNIST2)
+    profile = config.latency(exp.env())
+    assert profile.step_seconds == exp.settings["step_seconds"] and profile.time_scale == exp.settings["time_scale"]
+    assert profile.delays[-1] == (20.0, 30.0) and profile.device_factor == tuple(exp.settings["device_factor"])
+    with pytest.raises(config.ConfigError, match="FEDAT_DELAYS must list lo,hi pairs"):
+        config.latency({"FEDAT_DELAYS": "0,1,2"})
 
 
 def test_only_fedat_run_calibrates_comparisons_and_simulations_keep_the_files_time_scale():

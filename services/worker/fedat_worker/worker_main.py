@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from fedat import config
 from fedat.bus import BrokerConfig
-from fedat.latency import PAPER_DELAYS, StragglerProfile, client_profiles
+from fedat.latency import StragglerProfile, client_profiles
 from fedat.runtime import serve_forever, setup_logging
 from fedat_worker.metrics import worker_metrics
 from fedat_worker.workload import Workload, build, workload_from_env
@@ -28,27 +28,10 @@ class Settings:
     metrics_port: int
 
 
-def straggler_from_env(env: Mapping[str, str]) -> StragglerProfile:
-    """The latency model from the FEDAT_* latency variables (time scale, delays, device factors, drop-outs, steps)."""
-    d = StragglerProfile()
-    flat = config.get_floats(env, "FEDAT_DELAYS", tuple(x for pair in PAPER_DELAYS for x in pair))
-    if len(flat) % 2:
-        raise config.ConfigError("FEDAT_DELAYS must list lo,hi pairs")
-    return StragglerProfile(
-        time_scale=config.get_float(env, "FEDAT_TIME_SCALE", d.time_scale),
-        delays=tuple(zip(flat[::2], flat[1::2], strict=True)),
-        device_factor=tuple(config.get_floats(env, "FEDAT_DEVICE_FACTOR", d.device_factor)),
-        unstable_clients=config.get_int(env, "FEDAT_UNSTABLE_CLIENTS", d.unstable_clients),
-        drop_window=tuple(config.get_floats(env, "FEDAT_DROP_WINDOW", d.drop_window)),
-        step_seconds=config.get_float(env, "FEDAT_STEP_SECONDS", d.step_seconds),
-        group_sizes=config.get_ints(env, "FEDAT_GROUP_SIZES", d.group_sizes),
-    )
-
-
 def settings(env: Mapping[str, str]) -> Settings:
     """Build the settings from the environment."""
     num_tiers = config.get_int(env, "FEDAT_NUM_TIERS", 5)
-    workload, straggler = workload_from_env(env), straggler_from_env(env)
+    workload, straggler = workload_from_env(env), config.latency(env)
     sizes = straggler.group_sizes
     if sizes and (len(sizes) != len(straggler.delays) or sum(sizes) != workload.num_clients):
         raise config.ConfigError(
