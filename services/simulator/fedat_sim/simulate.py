@@ -83,6 +83,7 @@ def simulate(
 
     describe(minutes)
     wall0 = time.perf_counter()  # for summary.json's wall_seconds only; the simulation never reads it
+    cpu0 = time.process_time()  # the compute a run cost, whatever else shared the machine
     env = exp.env()
     if parts is None:
         parts = tensorflow_parts(workload_from_env(env), config.get_int(env, "FEDAT_TF_THREADS", 1))
@@ -123,6 +124,7 @@ def simulate(
             "client_trainings": sum(n for k, n in trainings.items() if k != topology.PROFILE_KEY),
             "profile_trainings": trainings[topology.PROFILE_KEY],
             "events_run": clock.events_run,
+            "cpu_seconds": round(time.process_time() - cpu0, 1),
             **system.counts(),
         }
     )
