@@ -211,22 +211,29 @@ def at_budget(methods: Mapping[str, Sequence[dict]], minutes: float | None) -> t
 
 
 def render(root: Path, only: str | None = None, minutes: float | None = None) -> str:
-    """Markdown tables of every comparison under `root` (or just `only`) at one virtual budget, with its targets."""
+    """Markdown tables of every comparison under `root` (or just `only`): at `minutes`, or else at every budget its
+    records ran (longest first; each table holds the records that reach it), with the comparison's targets."""
     parts = []
     for comparison, every in load_records(root).items():
         if only is not None and comparison != only:
             continue
-        budget, methods = at_budget(every, minutes)
-        if not methods:
-            continue
-        first = next(iter(methods.values()))[0]
-        reference = "fedat" if "fedat" in methods else next(iter(methods))
-        ts = first.get("targets") or (0.70, 0.79, 0.85)
-        parts += [
-            f"### {comparison} ({budget:g} virtual min per run)",
-            seed_accuracy_table(methods, reference),
-            seed_traffic_table(methods, ts),
-        ]
+        budgets = (
+            [minutes]
+            if minutes is not None
+            else sorted({r["virtual_minutes"] for rs in every.values() for r in rs})[::-1]
+        )
+        for b in budgets:
+            budget, methods = at_budget(every, b)
+            if not methods:
+                continue
+            first = next(iter(methods.values()))[0]
+            reference = "fedat" if "fedat" in methods else next(iter(methods))
+            ts = first.get("targets") or (0.70, 0.79, 0.85)
+            parts += [
+                f"### {comparison} ({budget:g} virtual min per run)",
+                seed_accuracy_table(methods, reference),
+                seed_traffic_table(methods, ts),
+            ]
     return "\n\n".join(parts)
 
 
