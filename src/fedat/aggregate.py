@@ -172,15 +172,12 @@ def copies_average(total: Sequence[np.ndarray], total_n: float) -> Weights:
 def delta_step(
     global_model: Sequence[np.ndarray], model: Sequence[np.ndarray], base: Sequence[np.ndarray], scale: float
 ) -> Weights:
-    """fedat-delta's server step: w ← w + scale · (model − base), computed in float64, returned as float32."""
+    """fedat-delta's server step: w ← w + scale · (model − base), i.e. FedBuff's step over a buffer of one arrival."""
     _check_like("delta_step", global_model, model)
     _check_like("delta_step", model, base)
     if not np.isfinite(scale):
         raise ValueError(f"delta_step: scale must be finite, got {scale}")
-    return [
-        (g.astype(np.float64) + scale * (m.astype(np.float64) - b)).astype(np.float32)
-        for g, m, b in zip(global_model, model, base, strict=True)
-    ]
+    return apply_buffer(global_model, accumulate_delta(None, model, base, scale), 1, 1.0)
 
 
 def tier_balance(counts: Sequence[int], arrived: int, exponent: float) -> float:
