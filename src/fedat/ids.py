@@ -58,6 +58,7 @@ def evaluation(version: int) -> str:
 DEADLINE = "deadline"  # a round's deadline: close with what arrived, or re-issue
 CLOSE = "close"  # a complete round closes at its last (modelled) arrival
 PROFILE_DEADLINE = "profile-deadline"  # assign tiers among the clients that answered
+ARRIVAL = "arrival"  # a profiling answer that came early counts at its modelled arrival
 
 _ROUND_TIMER = re.compile(r"^(deadline|close):(\d+):(\d+)$")
 
@@ -82,6 +83,19 @@ def parse_round_timer(key: str) -> RoundTimer:
     if m is None:
         raise ValueError(f"not a round timer key: {key!r}")
     return RoundTimer(m.group(1), int(m.group(2)), int(m.group(3)))
+
+
+def arrival_timer(client: int) -> str:
+    """The key of the timer at which a client's early profiling answer counts."""
+    return f"{ARRIVAL}:{client}"
+
+
+def parse_arrival_timer(key: str) -> int:
+    """The client an arrival timer names; ValueError for any other key."""
+    kind, _, client = key.partition(":")
+    if kind != ARRIVAL or not client.isdigit():
+        raise ValueError(f"not an arrival timer key: {key!r}")
+    return int(client)
 
 
 def timer_kind(key: str) -> str:

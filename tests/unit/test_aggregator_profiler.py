@@ -33,6 +33,10 @@ class Run(Driver):
     def on_timer(self, key: str, now: float):
         return self.timer(key, now)
 
+    def arrive(self, update: Update, tag: int = 1):
+        """An answer delivered at its modelled arrival, as the simulator delivers it."""
+        return self.handle(inbound(update, tag=tag), update.not_before)
+
     def __getattr__(self, name: str):
         return getattr(self.state, name)
 
@@ -206,7 +210,7 @@ def test_profiling_is_rate_limited_and_ends_in_an_assignment():
     tasks = list(first)
     assignment = None
     for i in range(4):
-        fx = p.handle(inbound(answer(tasks[i], latencies[tasks[i].client]), tag=i), 0.0)
+        fx = p.arrive(answer(tasks[i], latencies[tasks[i].client]), tag=i)
         tasks += [o.message for o in fx.publish if isinstance(o.message, TrainTask)]
         assignment = next((o.message for o in fx.publish if o.exchange == topology.CONTROL), assignment)
     assert assignment is not None and assignment.tiers == ((1, 3), (2, 0))
@@ -217,7 +221,7 @@ def test_profiling_deadline_assigns_the_clients_that_answered():
     p = Run(Profiler(ProfilerConfig(num_clients=5, num_tiers=2, concurrency=5)))
     tasks = [o.message for o in p.on_start(0.0).publish]
     for t in tasks[:3]:
-        p.handle(inbound(answer(t, float(t.client + 1))), 0.0)
+        p.arrive(answer(t, float(t.client + 1)))
     fx = p.on_timer("profile-deadline", 300.0)
     (out,) = fx.publish
     assert sorted(c for tier in out.message.tiers for c in tier) == [0, 1, 2]
@@ -239,7 +243,7 @@ def test_a_client_that_slows_down_is_moved_to_a_slower_tier():
     )
     tasks = [o.message for o in p.on_start(0.0).publish]
     for t in tasks:
-        p.handle(inbound(answer(t, [1.0, 2.0, 8.0, 9.0][t.client])), 0.0)
+        p.arrive(answer(t, [1.0, 2.0, 8.0, 9.0][t.client]))
     assert tier_of(p.tiers)[0] == 1
     fx = p.handle(inbound(report(1, {0: 50.0, 1: 2.0})), 0.0)
     (out,) = fx.publish
@@ -250,7 +254,7 @@ def test_a_missing_client_keeps_its_latency_until_its_late_answer_reports_the_re
     p = Run(Profiler(ProfilerConfig(num_clients=4, num_tiers=2, concurrency=4, retier_every=1, ewma_alpha=1.0)))
     tasks = [o.message for o in p.on_start(0.0).publish]
     for t in tasks:
-        p.handle(inbound(answer(t, [1.0, 2.0, 8.0, 9.0][t.client])), 0.0)
+        p.arrive(answer(t, [1.0, 2.0, 8.0, 9.0][t.client]))
     p.handle(inbound(report(1, {0: 1.0}, missing=(1,), waited=30.0)), 0.0)
     assert p.latency[1] == 2.0 and tier_of(p.tiers)[1] == 1 and p.misses[1] == 1
     late = RoundReport(id="late-u1", tier=1, round=1, latencies={1: 12.0}, missing=(), waited=0.0, closed_at=0.0)
@@ -269,9 +273,40 @@ def test_a_client_that_misses_too_many_rounds_is_dropped_from_the_tiers():
     p = Run(Profiler(ProfilerConfig(num_clients=5, num_tiers=2, concurrency=5, retier_every=1000, max_misses=2)))
     tasks = [o.message for o in p.on_start(0.0).publish]
     for t in tasks:
-        p.handle(inbound(answer(t, float(t.client + 1))), 0.0)
+        p.arrive(answer(t, float(t.client + 1)))
     assert p.handle(inbound(report(1, {0: 1.0}, missing=(4,), waited=9.0)), 0.0).publish == ()
     p.handle(inbound(report(2, {4: 1.0}, missing=(), waited=9.0)), 0.0)  # an answer resets the count
     assert p.handle(inbound(report(3, {}, missing=(4,), waited=9.0)), 0.0).publish == ()
     (out,) = p.handle(inbound(report(4, {}, missing=(4,), waited=9.0)), 0.0).publish
     assert 4 not in {c for tier in out.message.tiers for c in tier} and out.message.epoch == 2
+
+
+def test_an_early_profiling_answer_counts_at_its_modelled_arrival_even_across_a_restart():
+    # A real worker publishes at once; the latency model says the client answers at not_before. The slot, the next
+    # task and the end of the pass follow the model, as in the simulator (which delivers at not_before).
+    p = Run(Profiler(ProfilerConfig(num_clients=2, num_tiers=2, concurrency=1)))
+    (first,) = [o.message for o in p.on_start(0.0).publish]
+    fx = p.handle(inbound(answer(first, 5.0)), 1.0)
+    assert fx.publish == () and fx.ack and fx.timers == ((4.0, "arrival:0"),)
+    p.crash()
+    assert ("arrival:0" in [k for _, k in p.on_start(2.0).timers]) and p.latency == {}
+    assert p.on_timer("arrival:0", 4.99).timers == ((pytest.approx(0.01), "arrival:0"),)  # fired a hair early
+    (second,) = [o.message for o in p.on_timer("arrival:0", 5.0).publish]
+    assert second.client == 1 and second.sent_at == 5.0 and p.latency == {0: 5.0}
+    assert p.on_timer("arrival:0", 6.0).publish == ()  # a second firing (re-armed by the restart) counts nothing
+    p.handle(inbound(answer(second, 3.0)), 5.5)
+    assert p.handle(inbound(answer(second, 3.0)), 5.6).publish == ()  # a copy while it is arriving
+    (out,) = p.on_timer("arrival:1", 8.0).publish
+    assert out.message.created_at == 8.0 and out.message.latencies == {0: 5.0, 1: 3.0}
+
+
+def test_the_deadline_assigns_without_the_answers_still_arriving_which_join_later():
+    p = Run(Profiler(ProfilerConfig(num_clients=3, num_tiers=2, concurrency=3, profile_deadline=10.0)))
+    tasks = [o.message for o in p.on_start(0.0).publish]
+    for t, latency in zip(tasks, (1.0, 2.0, 30.0), strict=True):
+        p.handle(inbound(answer(t, latency)), 0.5)
+    p.on_timer("arrival:0", 1.0)
+    p.on_timer("arrival:1", 2.0)
+    (out,) = p.on_timer("profile-deadline", 10.0).publish
+    assert sorted(out.message.latencies) == [0, 1]
+    assert p.on_timer("arrival:2", 30.0).publish == () and p.latency[2] == 30.0  # joins at the next re-tiering

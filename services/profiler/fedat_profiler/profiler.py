@@ -1,7 +1,9 @@
 """The tiering module: profiles every client's response latency, assigns tiers, re-tiers on drift.
 
 Latency is measured the same way for the profiling pass and for every completed task: from the task's dispatch
-to the update's arrival, where an update counts as arriving at max(received, not_before). Profiling answers come
+to the update's arrival, where an update counts as arriving at max(received, not_before). A profiling answer that
+comes before its `not_before` (a real worker publishes at once) counts only from then: its client's slot frees, the
+next profiling task goes out and the pass may end at that instant, as in the latency model. Profiling answers come
 as (model-less) updates; round latencies come from the barrier's small round reports, including the reports the
 barrier sends for answers that came after their round closed. A client missing from a round only counts a miss:
 its real latency arrives with its late answer, and a client that never answers is dropped after `max_misses`.
@@ -61,7 +63,8 @@ class ProfilerState:
     started_at: float = 0.0  # when profiling began: the run's origin, sent in every task and assignment
     latency: Mapping[int, float] = field(default_factory=dict)
     queue: tuple[int, ...] = ()  # clients still to profile
-    outstanding: frozenset[int] = frozenset()  # profiling tasks out and unanswered
+    outstanding: frozenset[int] = frozenset()  # profiling tasks out whose answers do not count yet
+    arriving: Mapping[int, tuple[float, float]] = field(default_factory=dict)  # answered early: (counts at, latency)
     deadline: float = 0.0  # of the profiling pass
     epoch: int = 0
     tiers: Tiers = ()
@@ -74,7 +77,7 @@ class Profiler:
     """Latency bookkeeping and tier assignment."""
 
     name = "profiler"
-    codec = StateCodec(1, (ProfilerState, Stage))
+    codec = StateCodec(2, (ProfilerState, Stage))
 
     def __init__(self, cfg: ProfilerConfig):
         self.cfg = cfg
@@ -99,14 +102,26 @@ class Profiler:
             state, effects = self._dispatch(state, now)
             return state, effects + Effects(timers=((self.cfg.profile_deadline, ids.PROFILE_DEADLINE),))
         if state.stage is Stage.PROFILING:
-            return state, Effects(timers=((max(0.0, state.deadline - now), ids.PROFILE_DEADLINE),))
+            timers = ((max(0.0, state.deadline - now), ids.PROFILE_DEADLINE),) + tuple(
+                (max(0.0, at - now), ids.arrival_timer(c)) for c, (at, _) in state.arriving.items()
+            )
+            return state, Effects(timers=timers)
         return state, NOTHING
 
     def on_timer(self, state: ProfilerState, key: str, now: float, held) -> tuple[ProfilerState, Effects]:
-        """The profiling deadline: assign tiers among the clients that answered."""
-        if key == ids.PROFILE_DEADLINE and state.stage is Stage.PROFILING and now >= state.deadline:
-            return self._assign(state, now)
-        return state, NOTHING
+        """The profiling deadline assigns tiers among the clients that answered; an early answer's arrival counts it."""
+        if key == ids.PROFILE_DEADLINE:
+            if state.stage is Stage.PROFILING and now >= state.deadline:
+                return self._assign(state, now)
+            return state, NOTHING
+        client = ids.parse_arrival_timer(key)
+        if client not in state.arriving:
+            return state, NOTHING  # counted already (the deadline came first, or a restart re-armed it twice)
+        at, latency = state.arriving[client]
+        if at > now:  # timers may fire a hair early: wait for the modelled arrival
+            return state, Effects(timers=((at - now, key),))
+        state = replace(state, arriving={c: a for c, a in state.arriving.items() if c != client})
+        return self._count(state, client, latency, now)
 
     def on_answer(self, state: ProfilerState, inbound: Inbound, now: float, held) -> tuple[ProfilerState, Effects]:
         """A profiling answer: its latency, then the next profiling task (and the tiers once everyone answered)."""
@@ -116,17 +131,15 @@ class Profiler:
         awaited = msg.client in state.outstanding
         # After the pass, a client that missed its deadline still gets a latency: it joins at the next re-tiering.
         unknown = state.stage is Stage.ASSIGNED and msg.client not in state.latency
-        if not (awaited or unknown):
+        if not (awaited or unknown) or msg.client in state.arriving:
             return state, done(inbound)  # a copy of an answer already counted
-        state = replace(
-            state,
-            latency={**state.latency, msg.client: max(now, msg.not_before) - msg.dispatched_at},
-            outstanding=state.outstanding - {msg.client},
-        )
-        state, effects = self._dispatch(state, now)
-        if state.stage is Stage.PROFILING and not state.queue and not state.outstanding:
-            state, assigned = self._assign(state, now)
-            effects = effects + assigned
+        latency = max(now, msg.not_before) - msg.dispatched_at
+        if awaited and msg.not_before > now:
+            # Early: it counts at its modelled arrival. Acked now: the state remembers it.
+            arriving = {**state.arriving, msg.client: (msg.not_before, latency)}
+            timer = (msg.not_before - now, ids.arrival_timer(msg.client))
+            return replace(state, arriving=arriving), done(inbound) + Effects(timers=(timer,))
+        state, effects = self._count(state, msg.client, latency, now)
         return state, done(inbound) + effects
 
     def on_report(self, state: ProfilerState, inbound: Inbound, now: float, held) -> tuple[ProfilerState, Effects]:
@@ -162,6 +175,17 @@ class Profiler:
         if state.samples_since >= self.cfg.retier_every:
             state, retiered = self._retier(replace(state, samples_since=0), now)
             return state, effects + retiered
+        return state, effects
+
+    def _count(self, state: ProfilerState, client: int, latency: float, now: float) -> tuple[ProfilerState, Effects]:
+        """A profiling answer has arrived: keep its latency, free its slot, end the pass once everyone answered."""
+        state = replace(
+            state, latency={**state.latency, client: latency}, outstanding=state.outstanding - {client}
+        )
+        state, effects = self._dispatch(state, now)
+        if state.stage is Stage.PROFILING and not state.queue and not state.outstanding:
+            state, assigned = self._assign(state, now)
+            effects = effects + assigned
         return state, effects
 
     def _dispatch(self, state: ProfilerState, now: float) -> tuple[ProfilerState, Effects]:
