@@ -20,6 +20,8 @@ def test_compare_runs_every_method_and_writes_both_tables(tmp_path):
             "fedat.cli",
             "compare",
             str(ROOT / "experiments" / "compare-smoke.yaml"),
+            "--minutes",  # the tables' plumbing, not the accuracies, is under test: the shortest run that evaluates
+            "0.5",
             "--results",
             str(tmp_path),
         ],
