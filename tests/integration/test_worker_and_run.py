@@ -1,8 +1,7 @@
-"""A real worker process (TensorFlow) killed mid-task, and a short end-to-end FedAT run through `fedat run`."""
+"""A real worker process (TensorFlow) killed mid-task (the end-to-end `fedat run` is test_observability's run)."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -84,36 +83,3 @@ def test_a_worker_killed_mid_task_loses_nothing_and_counts_nothing_twice(vhost_u
             second.send_signal(signal.SIGTERM)
             second.wait(timeout=30)
 
-
-def test_a_short_calibrated_fedat_run_learns_rescales_its_latency_model_and_reports_worker_utilisation(tmp_path):
-    # `make run` in small: smoke.yaml at a modelled 90 % load (the probe and the virtual-time demand pick the time
-    # scale), end to end through `fedat run`, real RabbitMQ and two TensorFlow workers.
-    text = (ROOT / "experiments" / "smoke.yaml").read_text().replace("minutes: 1\n", "minutes: 1\ncalibrate: 0.9\n")
-    assert "calibrate: 0.9" in text
-    (tmp_path / "smoke-calibrated.yaml").write_text(text)
-    results = tmp_path / "results"
-    cmd = [sys.executable, "-m", "fedat.cli", "run", str(tmp_path / "smoke-calibrated.yaml"), "--results", str(results)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=480)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    (run,) = results.iterdir()
-    summary = json.loads((run / "summary.json").read_text())
-    meta = json.loads((run / "experiment.json").read_text())
-    cal = summary["calibration"]
-    assert cal == meta["calibration"] and cal["target"] == 0.9 and cal["reference_time_scale"] == 0.1
-    assert cal["step_cost_seconds"] > 0 and len(cal["probe"]["probes"]) == 2 and cal["simulated"]
-    # the services ran with the calibrated time scale; the nominal step cost, hence the tiers' ratios, is the file's
-    assert meta["settings"]["time_scale"] == round(cal["time_scale"], 6) != 0.1
-    assert summary["latency_model"]["time_scale"] == meta["settings"]["time_scale"]
-    assert "step_seconds" not in meta["settings"] and cal["step_seconds"] == 0.0  # smoke.yaml: measured times
-    u = summary["worker_utilisation"]
-    assert set(u["per_worker"]) == {"worker-0", "worker-1"} and u["window_seconds"] > 10
-    assert all(0 < x < 1.5 for x in u["per_worker"].values()), u  # CPU seconds per second of one process
-    assert 0 < u["training_mean"] <= 1.05, u
-    assert "workers busy" in r.stdout
-    # it learns, every tier takes part, and the results folder is complete
-    assert summary["global_updates"] >= 10, summary
-    assert summary["best_accuracy"] > 0.35, summary  # 10 classes: chance is 0.1
-    assert all(n > 0 for n in summary["tier_rounds"]), summary
-    lines = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
-    assert sum(e["event"] == "global" and e["version"] > 0 for e in lines) == summary["global_updates"]
-    assert (run / "accuracy_vs_time.png").stat().st_size > 0 and (run / "accuracy_vs_bytes.png").stat().st_size > 0
