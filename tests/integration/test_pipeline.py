@@ -153,13 +153,15 @@ def test_profiling_assigns_tiers_and_a_slowed_client_is_moved(vhost_url):
     with running(Profiler(cfg), vhost_url, 2):
         tasks = fetch_n(vhost_url, topology.PROFILE_QUEUE, 4)
         assert all(t.tier == 0 and t.layers == () for t in tasks)
-        latency = {0: 10.0, 1: 11.0, 2: 50.0, 3: 60.0}
+        # Answered at once, modelled to answer later: the pass ends at the slowest modelled answer, not on receipt.
+        latency = {0: 0.5, 1: 0.6, 2: 1.5, 3: 2.0}
         for t in tasks:
             publish(
                 vhost_url, topology.RESULTS, topology.PROFILE_KEY, answer(t, 0.0, 1, t.sent_at + latency[t.client]), 2
             )
         a1 = fetch(vhost_url, topology.BARRIER_ASSIGNMENTS)
         assert a1.epoch == 1 and a1.tiers == ((0, 1), (2, 3))
+        assert a1.created_at >= max(t.sent_at + latency[t.client] for t in tasks) - 0.05
         # The barrier reports that client 0 took 100 s in two rounds: it becomes the slowest of all.
         for r in (1, 2):
             rr = RoundReport(
