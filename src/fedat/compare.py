@@ -35,6 +35,14 @@ def tail_mean(curve: Sequence[tuple[float, float, int, int]], end: float, fracti
     return sum(tail) / len(tail) if tail else None
 
 
+def quarter_rise(curve: Sequence[tuple[float, float, int, int]], end: float) -> float | None:
+    """Last-quarter mean accuracy minus the quarter's before it: near 0 once a curve has flattened; None if either
+    quarter has no evaluation."""
+    last = tail_mean(curve, end)
+    before = [acc for t, acc, _, _ in curve if 0.5 * end <= t < 0.75 * end]
+    return None if last is None or not before else last - sum(before) / len(before)
+
+
 def _pct(x: float) -> str:
     return f"{x * 100:+.2f} %"
 

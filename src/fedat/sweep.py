@@ -12,7 +12,7 @@ import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from fedat.compare import MethodResult, first_reaching, tail_mean
+from fedat.compare import MethodResult, first_reaching, quarter_rise, tail_mean
 
 SCHEMA = 1
 BEGIN = "<!-- fedat tabulate --sweeps: begin (generated; edit the records, not this block) -->"
@@ -150,7 +150,7 @@ def _pm(xs: Sequence[float], fmt: str = ".3f") -> str:
     if not xs:
         return "—"
     m, s = mean_std(xs)
-    return f"{m:{fmt}} ± {s:{fmt}}" if len(xs) > 1 else f"{m:{fmt}}"
+    return f"{m:{fmt}} ± {s:{fmt.lstrip('+')}}" if len(xs) > 1 else f"{m:{fmt}}"
 
 
 def results_of(recs: Sequence[dict]) -> list[MethodResult]:
@@ -164,15 +164,14 @@ def seed_accuracy_table(methods: Mapping[str, Sequence[dict]], reference: str = 
     ref_vars = [r["summary"]["best_accuracy_variance"] for r in ref if r["summary"].get("best_accuracy_variance")]
     ref_var = mean_std(ref_vars)[0] if ref_vars else None
     lines = [
-        "| method | seeds | best accuracy | last-quarter mean | norm. variance | rounds per tier (mean) "
-        "| tier weights (mean) | compute (min; CPU, or wall if not recorded) |",
-        "|---|---:|---:|---:|---:|---|---|---:|",
+        "| method | seeds | best accuracy | last-quarter mean | last-quarter rise | norm. variance "
+        "| rounds per tier (mean) | tier weights (mean) | compute (min; CPU, or wall if not recorded) |",
+        "|---|---:|---:|---:|---:|---:|---|---|---:|",
     ]
     for method, recs in methods.items():
         best = [r["summary"]["best_accuracy"] for r in recs if r["summary"].get("best_accuracy") is not None]
-        tails = [
-            t for r in recs if (t := tail_mean([tuple(p) for p in r["curve"]], r["virtual_minutes"] * 60.0)) is not None
-        ]
+        tails = [t for r in recs if (t := _tail(r)) is not None]
+        rises = [x for r in recs if (x := quarter_rise([tuple(p) for p in r["curve"]], _end(r))) is not None]
         var = [r["summary"]["best_accuracy_variance"] for r in recs if r["summary"].get("best_accuracy_variance")]
         norm = _pm([v / ref_var for v in var], ".2f") if ref_var else "—"
         rounds = [r["summary"]["tier_rounds"] for r in recs if r["summary"].get("tier_rounds")]
@@ -184,7 +183,40 @@ def seed_accuracy_table(methods: Mapping[str, Sequence[dict]], reference: str = 
 
         seeds = ",".join(str(r["seed"]) for r in recs)
         lines.append(
-            f"| {method} | {seeds} | {_pm(best)} | {_pm(tails)} | {norm} | {mean_rounds} | {mean_w} | {compute:.0f} |"
+            f"| {method} | {seeds} | {_pm(best)} | {_pm(tails)} | {_pm(rises, '+.3f')} | {norm} | {mean_rounds} "
+            f"| {mean_w} | {compute:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def _end(rec: dict) -> float:
+    return rec["virtual_minutes"] * 60.0
+
+
+def _tail(rec: dict) -> float | None:
+    return tail_mean([tuple(p) for p in rec["curve"]], _end(rec))
+
+
+def paired_table(methods: Mapping[str, Sequence[dict]], reference: str) -> str:
+    """Each method minus `reference` on the same seed (same data, clients and latencies; for FedAT's variants the
+    same tier schedule too), so that seed-to-seed spread cancels: best and last-quarter mean, and wins per seed."""
+    ref = {r["seed"]: r for r in methods.get(reference, ())}
+    lines = [
+        f"| method | seeds paired with {reference} | Δ best accuracy | Δ last-quarter mean "
+        "| seeds won (last quarter) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for method, recs in methods.items():
+        pairs = [(r, ref[r["seed"]]) for r in recs if r["seed"] in ref and method != reference]
+        pairs = [(a, b) for a, b in pairs if _tail(a) is not None and _tail(b) is not None]
+        if not pairs:
+            continue
+        d_best = [a["summary"]["best_accuracy"] - b["summary"]["best_accuracy"] for a, b in pairs]
+        d_tail = [_tail(a) - _tail(b) for a, b in pairs]
+        seeds = ",".join(str(a["seed"]) for a, _ in pairs)
+        won = sum(d > 0 for d in d_tail)
+        lines.append(
+            f"| {method} | {seeds} | {_pm(d_best, '+.3f')} | {_pm(d_tail, '+.3f')} | {won}/{len(pairs)} |"
         )
     return "\n".join(lines)
 
@@ -234,6 +266,8 @@ def render(root: Path, only: str | None = None, minutes: float | None = None) ->
                 seed_accuracy_table(methods, reference),
                 seed_traffic_table(methods, ts),
             ]
+            if len(methods) > 1:
+                parts.append(paired_table(methods, reference))
     return "\n\n".join(parts)
 
 

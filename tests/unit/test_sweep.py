@@ -64,8 +64,12 @@ def test_tables_give_mean_and_spread_over_seeds_in_the_comparison_files_order(tm
     records = sweep.load_records(root)
     assert list(records["cmp"]) == ["fedat", "fedavg"]  # file order, not alphabetical
     md = sweep.render(root)
-    assert "| fedat | 0,1 | 0.850 ± 0.071 | 0.850 ± 0.071 | 1.00 ± 0.47 | [6, 2] | [0.5, 0.5] | 1 |" in md
-    assert "| fedavg | 0 | 0.700 | 0.700 | 0.67 | [6, 2] | [1.0, 0.0] | 0 |" in md
+    # last-quarter rise: the evaluation at 110 s (last quarter of 120 s) minus the one at 60 s (the quarter before)
+    row = "| fedat | 0,1 | 0.850 ± 0.071 | 0.850 ± 0.071 | +0.200 ± 0.000 | 1.00 ± 0.47 | [6, 2] | [0.5, 0.5] | 1 |"
+    assert row in md
+    assert "| fedavg | 0 | 0.700 | 0.700 | +0.200 | 0.67 | [6, 2] | [1.0, 0.0] | 0 |" in md
+    # paired on the same seed: fedavg seed 0 against fedat seed 0 only
+    assert "| fedavg | 0 | -0.100 | -0.100 | 0/1 |" in md and "| fedat | 0,1 | +" not in md
     # 0.65: seed 1 at 60 s with 3 MB, seed 0 at 110 s with 7 MB; 0.75: both at 110 s; fedavg never reaches 0.75
     assert "| fedat | 5 ± 3 | 85 ± 35 | 7 ± 0 | 110 ± 0 |" in md
     assert "| fedavg | 7 | 110 | — (0/1) | — |" in md
