@@ -96,9 +96,7 @@ class Profiler:
     def on_start(self, state: ProfilerState, now: float) -> tuple[ProfilerState, Effects]:
         """Start the profiling pass once; after a restart only re-arm its deadline (published tasks are durable)."""
         if state.stage is Stage.IDLE:
-            state = replace(
-                state, stage=Stage.PROFILING, started_at=now, deadline=now + self.cfg.profile_deadline
-            )
+            state = replace(state, stage=Stage.PROFILING, started_at=now, deadline=now + self.cfg.profile_deadline)
             state, effects = self._dispatch(state, now)
             return state, effects + Effects(timers=((self.cfg.profile_deadline, ids.PROFILE_DEADLINE),))
         if state.stage is Stage.PROFILING:
@@ -179,9 +177,7 @@ class Profiler:
 
     def _count(self, state: ProfilerState, client: int, latency: float, now: float) -> tuple[ProfilerState, Effects]:
         """A profiling answer has arrived: keep its latency, free its slot, end the pass once everyone answered."""
-        state = replace(
-            state, latency={**state.latency, client: latency}, outstanding=state.outstanding - {client}
-        )
+        state = replace(state, latency={**state.latency, client: latency}, outstanding=state.outstanding - {client})
         state, effects = self._dispatch(state, now)
         if state.stage is Stage.PROFILING and not state.queue and not state.outstanding:
             state, assigned = self._assign(state, now)
