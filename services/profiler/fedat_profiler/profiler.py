@@ -94,7 +94,7 @@ class Profiler:
         }
 
     def on_start(self, state: ProfilerState, now: float) -> tuple[ProfilerState, Effects]:
-        """Start the profiling pass once; after a restart only re-arm its deadline (published tasks are durable)."""
+        """Start the profiling pass once; after a restart re-arm its deadline and early answers' arrivals only."""
         if state.stage is Stage.IDLE:
             state = replace(state, stage=Stage.PROFILING, started_at=now, deadline=now + self.cfg.profile_deadline)
             state, effects = self._dispatch(state, now)
