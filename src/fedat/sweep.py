@@ -207,17 +207,21 @@ def paired_table(methods: Mapping[str, Sequence[dict]], reference: str) -> str:
         "|---|---:|---:|---:|---:|",
     ]
     for method, recs in methods.items():
-        pairs = [(r, ref[r["seed"]]) for r in recs if r["seed"] in ref and method != reference]
-        pairs = [(a, b) for a, b in pairs if _tail(a) is not None and _tail(b) is not None]
+        if method == reference:
+            continue
+        # (record, its reference, last-quarter difference) for every seed both ran and both evaluated late enough
+        pairs = [
+            (a, b, ta - tb)
+            for a in recs
+            if (b := ref.get(a["seed"])) is not None and (ta := _tail(a)) is not None and (tb := _tail(b)) is not None
+        ]
         if not pairs:
             continue
-        d_best = [a["summary"]["best_accuracy"] - b["summary"]["best_accuracy"] for a, b in pairs]
-        d_tail = [_tail(a) - _tail(b) for a, b in pairs]
-        seeds = ",".join(str(a["seed"]) for a, _ in pairs)
+        d_best = [a["summary"]["best_accuracy"] - b["summary"]["best_accuracy"] for a, b, _ in pairs]
+        d_tail = [d for _, _, d in pairs]
+        seeds = ",".join(str(a["seed"]) for a, _, _ in pairs)
         won = sum(d > 0 for d in d_tail)
-        lines.append(
-            f"| {method} | {seeds} | {_pm(d_best, '+.3f')} | {_pm(d_tail, '+.3f')} | {won}/{len(pairs)} |"
-        )
+        lines.append(f"| {method} | {seeds} | {_pm(d_best, '+.3f')} | {_pm(d_tail, '+.3f')} | {won}/{len(pairs)} |")
     return "\n".join(lines)
 
 

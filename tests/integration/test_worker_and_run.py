@@ -82,4 +82,3 @@ def test_a_worker_killed_mid_task_loses_nothing_and_counts_nothing_twice(vhost_u
         finally:
             second.send_signal(signal.SIGTERM)
             second.wait(timeout=30)
-
