@@ -124,6 +124,40 @@ def truncated(rec: dict, minutes: float) -> dict:
     }
 
 
+def _canonical(settings: Mapping) -> str:
+    return json.dumps(settings, sort_keys=True)  # JSON's view: a YAML 1 and a record's 1.0 compare alike
+
+
+def same_run(root: Path, settings: Mapping, minutes: float) -> dict | None:
+    """A record, of any comparison, of a run with exactly these settings (seed included) that ran >= `minutes`.
+
+    A simulation is a function of its settings and seed, so another comparison's run of the same settings is this
+    run: a participation sweep's k = 10 is the main comparison's FedAT. The longest such record is returned.
+    """
+    want = _canonical(json.loads(json.dumps(settings)))
+    best = None
+    for path in sorted(root.glob("*/*/seed-*.json")):
+        rec = json.loads(path.read_text())
+        if rec.get("schema") != SCHEMA or rec.get("reused_from") or float(rec["virtual_minutes"]) < minutes - 1e-9:
+            continue
+        if _canonical(rec["settings"]) == want and (best is None or rec["virtual_minutes"] > best["virtual_minutes"]):
+            best = rec
+    return best
+
+
+def reused(rec: dict, comparison: str, method: str, order: int, targets: Sequence[float]) -> dict:
+    """`rec` filed as (comparison, method): same run, new place; `reused_from` names the original and its cost."""
+    origin = f"{rec['comparison']}/{rec['method']}/seed-{rec['seed']}"
+    return {
+        **rec,
+        "comparison": comparison,
+        "method": method,
+        "order": order,
+        "targets": list(targets),
+        "reused_from": origin,
+    }
+
+
 def load_records(root: Path) -> dict[str, dict[str, list[dict]]]:
     """Every record under `root`, as comparison → method → records sorted by seed (file order of methods kept)."""
     out: dict[str, dict[str, list[dict]]] = {}
@@ -178,15 +212,27 @@ def seed_accuracy_table(methods: Mapping[str, Sequence[dict]], reference: str = 
         mean_rounds = [round(sum(col) / len(rounds)) for col in zip(*rounds, strict=True)] if rounds else []
         weights = [r["mean_tier_weights"] for r in recs if r.get("mean_tier_weights")]
         mean_w = [round(sum(col) / len(weights), 2) for col in zip(*weights, strict=True)] if weights else []
-        # CPU time where the run recorded it; older records have only wall time (inflated on a shared machine)
-        compute = sum(r["summary"].get("cpu_seconds") or r["summary"].get("wall_seconds") or 0.0 for r in recs) / 60
-
-        seeds = ",".join(str(r["seed"]) for r in recs)
+        # CPU time where the run recorded it; older records have only wall time (inflated on a shared machine). A
+        # reused run cost nothing here: its compute is counted where it ran.
+        compute = sum(_cost(r) for r in recs if not r.get("reused_from")) / 60
+        seeds = ",".join(f"{r['seed']}*" if r.get("reused_from") else str(r["seed"]) for r in recs)
         lines.append(
             f"| {method} | {seeds} | {_pm(best)} | {_pm(tails)} | {_pm(rises, '+.3f')} | {norm} | {mean_rounds} "
             f"| {mean_w} | {compute:.0f} |"
         )
+    origins = [
+        f"{r['method']} seed {r['seed']} is {r['reused_from']}"
+        for rs in methods.values()
+        for r in rs
+        if r.get("reused_from")
+    ]
+    if origins:
+        lines += ["", "\\* the same settings and seed ran in another comparison: " + "; ".join(origins) + "."]
     return "\n".join(lines)
+
+
+def _cost(rec: dict) -> float:
+    return rec["summary"].get("cpu_seconds") or rec["summary"].get("wall_seconds") or 0.0
 
 
 def _end(rec: dict) -> float:

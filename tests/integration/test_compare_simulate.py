@@ -90,3 +90,17 @@ def test_a_simulated_comparison_leaves_a_record_per_run_resumes_and_tabulates(tm
     assert table.returncode == 0 and "### tiny-cmp (0.75 virtual min per run)" in table.stdout
     rec = json.loads(sweep.record_path(sums, "tiny-cmp", "fedat", 1).read_text())
     assert rec["settings"]["seed"] == 1
+
+    # another comparison with fedat's very settings under another name files that run instead of running it again
+    other = {**COMPARISON, "name": "tiny-other", "simulate": {"virtual_minutes": 0.5, "seeds": [0]}}
+    other["methods"] = {"k3": {}, "k2": {"clients_per_round": 2}}
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))
+    third = fedat("compare", "other.yaml", *args[2:], cwd=tmp_path)
+    assert third.returncode == 0, third.stderr[-3000:]
+    assert "k3 seed 0: the same run as tiny-cmp/fedat/seed-0" in third.stdout
+    assert "1 runs of 0.5 virtual min" in third.stdout  # only k2 ran
+    assert len([d for d in (tmp_path / "runs").iterdir() if d.is_dir()]) == 4
+    k3 = json.loads(sweep.record_path(sums, "tiny-other", "k3", 0).read_text())
+    original = json.loads(sweep.record_path(sums, "tiny-cmp", "fedat", 0).read_text())
+    assert k3["curve"] == original["curve"] and k3["reused_from"] == "tiny-cmp/fedat/seed-0"
+    assert "| k3 | 0* |" in (tmp_path / "runs" / "tiny-other-sim.md").read_text()

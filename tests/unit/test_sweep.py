@@ -137,6 +137,31 @@ def test_pending_skips_done_runs_and_runs_single_seed_methods_on_the_first_seed_
     assert todo == [("fedbuff", 0), ("fedat", 1)]
 
 
+def test_a_run_with_the_same_settings_and_seed_elsewhere_is_filed_again_not_rerun_and_costs_nothing_twice(tmp_path):
+    root = tmp_path / "sums"
+    rec = sweep.make_record(run_folder(tmp_path, 0, 0.8, [[1.0, 0.0]]), "main", "fedat", 0, [0.6])
+    rec["summary"]["wall_seconds"] = 600.0
+    save(root, rec)
+    settings = {"strategy": "fedat", "seed": 0}
+    assert sweep.same_run(root, settings, 2.0)["method"] == "fedat"
+    assert sweep.same_run(root, {**settings, "seed": 1}, 2.0) is None  # another seed is another run
+    assert sweep.same_run(root, {**settings, "precision": 3}, 2.0) is None
+    assert sweep.same_run(root, settings, 2.5) is None  # too short for the budget asked
+    copy = sweep.reused(rec, "participation", "fedat-k10", 3, [0.7])
+    assert (copy["comparison"], copy["method"], copy["order"], copy["targets"]) == (
+        "participation",
+        "fedat-k10",
+        3,
+        [0.7],
+    )
+    assert copy["reused_from"] == "main/fedat/seed-0" and copy["curve"] == rec["curve"]
+    save(root, copy)
+    assert sweep.same_run(root, settings, 2.0)["comparison"] == "main"  # always the original, never a copy
+    table = sweep.seed_accuracy_table({"fedat-k10": [copy]}, "fedat-k10")
+    assert "| fedat-k10 | 0* |" in table and table.splitlines()[2].endswith("| 0 |")  # its 10 min counted in main
+    assert "fedat-k10 seed 0 is main/fedat/seed-0" in table
+
+
 def test_a_record_of_another_schema_is_refused_by_name(tmp_path):
     path = sweep.record_path(tmp_path, "cmp", "fedat", 0)
     path.parent.mkdir(parents=True)

@@ -44,11 +44,27 @@ def run_one(path: Path, method: str, seed: int, minutes: float, results: Path, s
     # SIGTERM to this process ends the run early: its record is then the shorter run's (and counts only for that)
     summary = simulate(exp, results, minutes, seed, tag=tag, stop=stop_on_sigterm())
     rec = sweep.make_record(Path(summary["run_dir"]), name, method, methods.index(method), targets)
-    out = sweep.record_path(summaries, name, method, seed)
+    _write(sweep.record_path(summaries, name, method, seed), rec)
+    return rec
+
+
+def _write(out: Path, rec: dict) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(rec, indent=1) + "\n")
     tmp.replace(out)  # a record is whole or absent, even if the sweep is killed while writing
+
+
+def reuse(path: Path, summaries: Path, method: str, seed: int, minutes: float) -> dict | None:
+    """File another comparison's run with this (method, seed)'s very settings as its record; None if there is none."""
+    name, _, targets, exps = load_comparison(path)
+    methods = [e.name.removeprefix(f"{name}-") for e in exps]
+    i = methods.index(method)
+    same = sweep.same_run(summaries, {**exps[i].settings, "seed": seed}, minutes)
+    if same is None:
+        return None
+    rec = sweep.reused(same, name, method, i, targets)
+    _write(sweep.record_path(summaries, name, method, seed), rec)
     return rec
 
 
@@ -70,6 +86,10 @@ def compare_simulated(
         raise ValueError(f"{path}: no method(s) {sorted(set(methods_only) - set(methods))}; methods: {methods}")
     chosen = [m for m in methods if not methods_only or m in methods_only]
     todo = sweep.pending(chosen, seeds or plan.seeds, plan.single_seed, _done(summaries, name, minutes))
+    for m, s in list(todo):
+        if (rec := reuse(path, summaries, m, s, minutes)) is not None:
+            todo.remove((m, s))
+            print(f"[fedat compare --simulate] {m} seed {s}: the same run as {rec['reused_from']}", flush=True)
     print(
         f"[fedat compare --simulate] {name}: {len(todo)} runs of {minutes:g} virtual min, {jobs} at a time", flush=True
     )
