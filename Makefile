@@ -44,7 +44,7 @@ compare: setup broker data
 	$(PY) -m fedat.cli compare $(COMPARISON)
 
 test: setup broker data prometheus
-	$(PY) -m pytest -p no:cacheprovider tests
+	$(PY) -m pytest -p no:cacheprovider --durations=12 tests
 
 test-unit: setup prometheus
 	$(PY) -m pytest -p no:cacheprovider tests/unit
