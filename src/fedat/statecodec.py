@@ -30,7 +30,7 @@ class StateCodec:
         self.version = version
         self.types = {t.__name__: t for t in types}
         # registered dataclass -> its init fields' names: a service saves its state after every message, and
-        # dataclasses.fields() per object was a tenth of a simulated run's time
+        # dataclasses.fields() per object cost ~5 % of a simulated run
         self._fields: dict[type, tuple[str, ...]] = {}
 
     def encode(self, state: Any) -> bytes:

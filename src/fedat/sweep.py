@@ -125,7 +125,8 @@ def truncated(rec: dict, minutes: float) -> dict:
 
 
 def _canonical(settings: Mapping) -> str:
-    return json.dumps(settings, sort_keys=True)  # JSON's view: a YAML 1 and a record's 1.0 compare alike
+    # JSON's view, as experiment.json stored it: key order does not matter, a tuple is a list
+    return json.dumps(settings, sort_keys=True)
 
 
 def same_run(root: Path, settings: Mapping, minutes: float) -> dict | None:
@@ -134,7 +135,7 @@ def same_run(root: Path, settings: Mapping, minutes: float) -> dict | None:
     A simulation is a function of its settings and seed, so another comparison's run of the same settings is this
     run: a participation sweep's k = 10 is the main comparison's FedAT. The longest such record is returned.
     """
-    want = _canonical(json.loads(json.dumps(settings)))
+    want = _canonical(settings)
     best = None
     for path in sorted(root.glob("*/*/seed-*.json")):
         rec = json.loads(path.read_text())
@@ -146,7 +147,7 @@ def same_run(root: Path, settings: Mapping, minutes: float) -> dict | None:
 
 
 def reused(rec: dict, comparison: str, method: str, order: int, targets: Sequence[float]) -> dict:
-    """`rec` filed as (comparison, method): same run, new place; `reused_from` names the original and its cost."""
+    """`rec` filed as (comparison, method): same run, new place; `reused_from` names the original."""
     origin = f"{rec['comparison']}/{rec['method']}/seed-{rec['seed']}"
     return {
         **rec,
