@@ -102,18 +102,42 @@ def publish_sent(channel, sent: Iterable[Sent], metrics: TransportMetrics | None
             metrics.published_bytes.labels(s.kind).inc(len(s.body))
 
 
-def publish_once(cfg: BrokerConfig, outgoing: Iterable[Outgoing]) -> None:
-    """Open a connection, declare the topology, publish with confirms, close (for one-shot jobs)."""
+def publish_once(
+    cfg: BrokerConfig,
+    outgoing: Iterable[Outgoing],
+    patience: float = 120.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> None:
+    """Publish with confirms over a fresh connection (for one-shot jobs), retrying a lost broker for `patience` s."""
     sent = encode_all(outgoing, cfg)
-    conn = connect(cfg)
-    try:
-        ch = conn.channel()
-        ch.confirm_delivery()
-        if cfg.declare:
-            topology.declare(ch, cfg.num_tiers)
-        publish_sent(ch, sent)
-    finally:
-        conn.close()
+    deadline = time.monotonic() + patience
+    backoff = 0.5
+    while True:
+        conn = None
+        try:
+            conn = connect(cfg)
+            ch = conn.channel()
+            ch.confirm_delivery()
+            if cfg.declare:
+                topology.declare(ch, cfg.num_tiers)
+            publish_sent(ch, sent)
+            return
+        except RECOVERABLE as exc:
+            # A job that starts while the broker restarts must not die of it; a re-sent message keeps its id, and
+            # every consumer drops a duplicate id. Refusals and unroutable or nacked messages are not retried.
+            if refused(exc):
+                raise BrokerRefused(f"the broker refused access while publishing: {exc}") from exc
+            if time.monotonic() + backoff > deadline:
+                raise
+            log.warning("publish failed (%s: %s); retrying in %.1fs", type(exc).__name__, exc, backoff)
+            sleep(backoff)
+            backoff = min(backoff * 2, cfg.max_backoff)
+        finally:
+            if conn is not None and conn.is_open:
+                try:
+                    conn.close()
+                except RECOVERABLE:
+                    pass
 
 
 class BrokerStore:

@@ -149,3 +149,51 @@ def test_waiting_for_consumers_returns_once_a_worker_consumes_the_profiling_queu
     assert done == [True]
     stop.set()
     assert wait_for_consumers(cfg, topology.PROFILE_QUEUE, 1, stop) is False  # a stop ends the wait
+
+
+def test_a_one_shot_publish_outlasts_a_broker_that_is_not_back_yet(vhost_url, monkeypatch):
+    # The seed job can start while the broker restarts (make chaos hit this): it must retry, not exit and leave
+    # the pipeline without w0.
+    import pika.exceptions as pe
+
+    from fedat import bus
+    from fedat.service import Outgoing
+    from fedat.wire import seed_model
+
+    real, attempts, sleeps = bus.connect, [], []
+
+    def connect(cfg):
+        attempts.append(time.monotonic())
+        if len(attempts) <= 2:
+            raise pe.AMQPConnectionError("connection refused")
+        return real(cfg)
+
+    monkeypatch.setattr(bus, "connect", connect)
+    with channel(vhost_url, 1):
+        pass  # the recorder's queue exists, so w0 is kept for us to read
+    cfg = bus.BrokerConfig(url=vhost_url, num_tiers=1)
+    w0 = seed_model([np.ones((2, 2), np.float32)], ["dense/kernel"], 1, "raw", 4, time.time())
+    bus.publish_once(cfg, [Outgoing(topology.GLOBAL, "", w0)], sleep=sleeps.append)
+    assert len(attempts) == 3 and sleeps == [0.5, 1.0]
+    got = fetch(vhost_url, topology.RECORDER_GLOBAL, timeout=10)
+    assert got is not None and got.id == w0.id and got.version == 0
+    assert fetch(vhost_url, topology.RECORDER_GLOBAL, timeout=1) is None  # published once
+
+
+def test_a_one_shot_publish_gives_up_after_its_patience_and_never_retries_a_refusal(vhost_url):
+    import pika.exceptions as pe
+
+    from fedat import bus
+    from fedat.service import Outgoing
+    from fedat.wire import seed_model
+
+    w0 = [Outgoing(topology.GLOBAL, "", seed_model([np.ones(2, np.float32)], ["b"], 1, "raw", 4, 0.0))]
+    sleeps: list[float] = []
+    nobody = bus.BrokerConfig(url="amqp://guest:guest@127.0.0.1:1/%2F", num_tiers=1)
+    with pytest.raises(pe.AMQPConnectionError):
+        bus.publish_once(nobody, w0, patience=0.0, sleep=sleeps.append)
+    assert sleeps == []  # no patience, no retry
+    wrong = bus.BrokerConfig(url=vhost_url.replace("guest:guest", "guest:wrong"), num_tiers=1)
+    with pytest.raises(bus.BrokerRefused, match="refused access"):
+        bus.publish_once(wrong, w0, sleep=sleeps.append)
+    assert sleeps == []
