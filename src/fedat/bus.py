@@ -116,11 +116,7 @@ def publish_once(
         conn = None
         try:
             conn = connect(cfg)
-            ch = conn.channel()
-            ch.confirm_delivery()
-            if cfg.declare:
-                topology.declare(ch, cfg.num_tiers)
-            publish_sent(ch, sent)
+            publish_sent(confirm_channel(conn, cfg), sent)
             return
         except RECOVERABLE as exc:
             # A job that starts while the broker restarts must not die of it; a re-sent message keeps its id, and
@@ -133,11 +129,25 @@ def publish_once(
             sleep(backoff)
             backoff = min(backoff * 2, cfg.max_backoff)
         finally:
-            if conn is not None and conn.is_open:
-                try:
-                    conn.close()
-                except RECOVERABLE:
-                    pass
+            close_quietly(conn)
+
+
+def confirm_channel(conn: pika.BlockingConnection, cfg: BrokerConfig):
+    """A channel with publisher confirms, on which the topology is declared unless a provisioner owns it."""
+    channel = conn.channel()
+    channel.confirm_delivery()
+    if cfg.declare:
+        topology.declare(channel, cfg.num_tiers)
+    return channel
+
+
+def close_quietly(conn: pika.BlockingConnection | None) -> None:
+    """Close a connection that may already be lost; its loss is what the caller is handling."""
+    if conn is not None and conn.is_open:
+        try:
+            conn.close()
+        except RECOVERABLE:
+            pass
 
 
 class BrokerStore:
@@ -388,10 +398,7 @@ def run_service(
         conn = None
         try:
             conn = connect(cfg)
-            channel = conn.channel()
-            channel.confirm_delivery()
-            if cfg.declare:
-                topology.declare(channel, cfg.num_tiers)
+            channel = confirm_channel(conn, cfg)
             channel.basic_qos(prefetch_count=cfg.prefetch)
             Session(conn, channel, runner).start()
             metrics.connected.set(1)
@@ -414,9 +421,5 @@ def run_service(
             stop.wait(backoff)
             backoff = min(backoff * 2, cfg.max_backoff)
         finally:
-            if conn is not None and conn.is_open:
-                try:
-                    conn.close()
-                except RECOVERABLE:
-                    pass
+            close_quietly(conn)
     metrics.connected.set(0)
