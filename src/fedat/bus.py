@@ -29,7 +29,7 @@ import pika.exceptions as pe
 from fedat import checkpoint, ids, signing, topology, wire
 from fedat.checkpoint import Checkpoint, Sent
 from fedat.metrics import TransportMetrics
-from fedat.service import Effects, Held, Inbound, Observation, Outgoing, Reject, Service
+from fedat.service import Effects, Held, Inbound, Interrupted, Observation, Outgoing, Reject, Service
 from fedat.tls import TlsConfig, ssl_options
 
 log = logging.getLogger(__name__)
@@ -306,6 +306,13 @@ class Session:
             if method.delivery_tag in self.unacked:
                 self.dead_letter(queue, method, props, body, getattr(exc, "reason", str(exc)))
             self.metrics.consumed.labels(queue, "dead-lettered").inc()
+            return
+        except Interrupted:
+            # Stopping mid-task (SIGTERM): give the delivery back at once so another consumer takes it.
+            log.info("%s stopping: requeueing the message from %s it was handling", self.service.name, queue)
+            self.unacked.pop(method.delivery_tag, None)
+            channel.basic_nack(delivery_tag=method.delivery_tag, requeue=True)
+            self.metrics.consumed.labels(queue, "interrupted").inc()
             return
         except RECOVERABLE:
             raise

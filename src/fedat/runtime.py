@@ -40,13 +40,15 @@ def serve_forever(
     metrics_port: int,
     observe: Callable[[Observation], None] | None = None,
     wait_for: tuple[str, int] | None = None,
+    stop: threading.Event | None = None,
 ) -> None:
     """Expose metrics, then run the service against the broker until signalled (restoring its saved state).
 
     `wait_for` = (queue, n): first wait until n consumers serve that queue (the profiler waits for a worker).
+    `stop`: the event `stop_on_signals` gave, when the service's own parts must see it too (the worker's trainer).
     """
     serve(registry, metrics_port, transport)
-    stop = stop_on_signals()
+    stop = stop if stop is not None else stop_on_signals()
     if wait_for is not None and not wait_for_consumers(broker, *wait_for, stop):
         return
     run_service(service, broker, transport, stop, observe=observe)

@@ -25,6 +25,10 @@ class Reject(Exception):
         self.reason = reason
 
 
+class Interrupted(Exception):
+    """Raised by a handler when the process is stopping mid-message: the delivery is requeued, not dead-lettered."""
+
+
 @dataclass(frozen=True)
 class Outgoing:
     """A message to publish (persistent, mandatory, confirmed)."""

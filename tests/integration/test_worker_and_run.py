@@ -79,6 +79,13 @@ def test_a_worker_killed_mid_task_loses_nothing_and_counts_nothing_twice(vhost_u
             assert g.version == 1 and g.updates == 2 and g.tier_counts == (1,)
             dead = fetch(vhost_url, topology.DEAD_LETTERS, timeout=1, raw=True)
             assert dead is None, f"dead-lettered: {dead[0].headers}"
-        finally:
+            # SIGTERM mid-task (round 2, 3000 epochs): the worker gives the task back within an epoch and exits 0.
+            wait_for(
+                lambda: queue_counts(vhost_url).get(queue, (0, 0))[1] >= 1, 120, "the worker to take a round-2 task"
+            )
             second.send_signal(signal.SIGTERM)
-            second.wait(timeout=30)
+            assert second.wait(timeout=30) == 0
+            assert queue_counts(vhost_url).get(queue) == (2, 0), "the interrupted task was not given back"
+        finally:
+            if second.poll() is None:
+                second.kill()

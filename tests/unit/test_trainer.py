@@ -247,3 +247,19 @@ def test_evaluate_per_client_matches_evaluate(cnn_trainer: LocalTrainer, images:
     # Hand check of accuracy on one client against raw logits.
     logits = cnn_trainer.model(x[13:120], training=False).numpy()
     assert got[2][1] == pytest.approx(float(np.mean(np.argmax(logits, 1) == y[13:120])))
+
+
+def test_a_stopping_process_interrupts_training_between_epochs(images: Data) -> None:
+    from fedat.service import Interrupted
+
+    x, y = images
+    asked = []
+
+    def stopping() -> bool:
+        asked.append(1)
+        return len(asked) > 3  # SIGTERM arrives during the third epoch
+
+    trainer = LocalTrainer(build_model("logreg", IMG, 10, seed=0), stopping=stopping)
+    with pytest.raises(Interrupted):
+        trainer.train(trainer.model.get_weights(), x, y, epochs=100, prox_lambda=0.0, seed=0)
+    assert len(asked) == 4  # asked before each epoch: three ran, the fourth never started

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import tensorflow as tf
 from tensorflow import keras
+
+from fedat.service import Interrupted
 
 
 @dataclass(frozen=True)
@@ -29,10 +32,19 @@ class LocalTrainer:
     partial last batch never retrace, and λ and the global-weight anchor live in variables.
     """
 
-    def __init__(self, model: keras.Model, *, learning_rate: float = 1e-3, batch_size: int = 10) -> None:
+    def __init__(
+        self,
+        model: keras.Model,
+        *,
+        learning_rate: float = 1e-3,
+        batch_size: int = 10,
+        stopping: Callable[[], bool] = lambda: False,
+    ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.model = model
+        # Checked between epochs, so a stopping process gives its task back within one epoch, not one task.
+        self.stopping = stopping
         self.batch_size = int(batch_size)
         self.trace_count = 0
         self.eval_trace_count = 0
@@ -150,7 +162,7 @@ class LocalTrainer:
         learning_rate: float | None = None,
         batch_size: int | None = None,
     ) -> TrainResult:
-        """Train from global `weights` on (x, y) with a fresh Adam and the FedProx term."""
+        """Train from global `weights` on (x, y) with a fresh Adam and the FedProx term; Interrupted if stopping."""
         start = time.perf_counter()
         x, y = self._check_xy(x, y)
         if epochs < 1:
@@ -174,6 +186,8 @@ class LocalTrainer:
         rng = np.random.default_rng(seed)
         loss = float("nan")
         for _ in range(epochs):
+            if self.stopping():
+                raise Interrupted("the process is stopping")
             perm = rng.permutation(len(x))
             loss = float(self._train_epoch(x[perm], y[perm]))
         return TrainResult(

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from fedat import config
 from fedat.bus import BrokerConfig
 from fedat.latency import StragglerProfile, client_profiles
-from fedat.runtime import serve_forever, setup_logging
+from fedat.runtime import serve_forever, setup_logging, stop_on_signals
 from fedat_worker.metrics import worker_metrics
 from fedat_worker.workload import Workload, build, workload_from_env
 
@@ -50,13 +50,14 @@ def settings(env: Mapping[str, str]) -> Settings:
 
 
 def main() -> None:
-    """Run one worker until SIGTERM."""
+    """Run one worker until SIGTERM; a task in training is given back to its queue within one epoch."""
     setup_logging("worker")
     s = settings(os.environ)
+    stop = stop_on_signals()
     from fedat_worker.models import weight_names
     from fedat_worker.worker import Worker, WorkerConfig
 
-    clients, model, trainer = build(s.workload, s.threads)
+    clients, model, trainer = build(s.workload, s.threads, stop.is_set)
     metrics = worker_metrics()
     worker = Worker(
         WorkerConfig(s.tiers, s.profile_queue, s.straggler, s.workload.seed),
@@ -68,7 +69,7 @@ def main() -> None:
         time.time,
         metrics,
     )
-    serve_forever(worker, s.broker, metrics.transport.registry, metrics.transport, s.metrics_port)
+    serve_forever(worker, s.broker, metrics.transport.registry, metrics.transport, s.metrics_port, stop=stop)
 
 
 if __name__ == "__main__":

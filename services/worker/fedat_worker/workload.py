@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 from fedat import config
@@ -63,7 +63,7 @@ def load_clients(w: Workload) -> tuple[list[ClientData], int]:
     return clients, ds.num_classes
 
 
-def build(w: Workload, threads: int):
+def build(w: Workload, threads: int, stopping: Callable[[], bool] = lambda: False):
     """Clients, model and trainer for this process (imports TensorFlow)."""
     from fedat_worker.models import build_model, configure_threads
     from fedat_worker.trainer import LocalTrainer
@@ -71,4 +71,4 @@ def build(w: Workload, threads: int):
     configure_threads(threads)
     clients, num_classes = load_clients(w)
     model = build_model(w.model, tuple(clients[0].x_train.shape[1:]), num_classes, seed=w.seed)
-    return clients, model, LocalTrainer(model)
+    return clients, model, LocalTrainer(model, stopping=stopping)
