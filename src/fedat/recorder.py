@@ -62,7 +62,7 @@ class Recorder(Reactive):
             self._write(
                 {
                     "event": "global",
-                    "time": round(msg.created_at - s.started_at, 3),
+                    "time": round(max(0.0, msg.created_at - s.started_at), 3),  # the seed may predate the profiling pass
                     "version": msg.version,
                     "tier": msg.tier,
                     "tier_round": msg.tier_round,
@@ -88,7 +88,7 @@ class Recorder(Reactive):
                 return state, done(inbound)  # a restarted evaluator scored a redelivered version again
             line = {
                 "event": "evaluation",
-                "time": round(msg.evaluated_at - s.started_at, 3),
+                "time": round(max(0.0, msg.evaluated_at - s.started_at), 3),
                 "version": msg.version,
                 "accuracy": msg.accuracy,
                 "loss": msg.loss,
