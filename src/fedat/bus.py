@@ -310,21 +310,23 @@ class Session:
         except Interrupted:
             # Stopping mid-task (SIGTERM): give the delivery back at once so another consumer takes it.
             log.info("%s stopping: requeueing the message from %s it was handling", self.service.name, queue)
-            self.unacked.pop(method.delivery_tag, None)
-            channel.basic_nack(delivery_tag=method.delivery_tag, requeue=True)
-            self.metrics.consumed.labels(queue, "interrupted").inc()
+            self.requeue(queue, method.delivery_tag, "interrupted")
             return
         except RECOVERABLE:
             raise
         except Exception:
             # A bug or a transient fault: requeue; the quorum delivery limit dead-letters a message that keeps failing.
             log.exception("%s failed on a message from %s; requeueing it", self.service.name, queue)
-            self.unacked.pop(method.delivery_tag, None)
-            channel.basic_nack(delivery_tag=method.delivery_tag, requeue=True)
-            self.metrics.consumed.labels(queue, "error").inc()
+            self.requeue(queue, method.delivery_tag, "error")
             return
         self.metrics.consumed.labels(queue, "ok").inc()
         self.metrics.handle_seconds.labels(queue).observe(time.perf_counter() - started)
+
+    def requeue(self, queue: str, tag: int, outcome: str) -> None:
+        """Give a delivery back to its queue (nack with requeue) and count why."""
+        self.unacked.pop(tag, None)
+        self.channel.basic_nack(delivery_tag=tag, requeue=True)
+        self.metrics.consumed.labels(queue, outcome).inc()
 
     def on_timer(self, key: str) -> None:
         try:

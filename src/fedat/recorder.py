@@ -62,7 +62,7 @@ class Recorder(Reactive):
             self._write(
                 {
                     "event": "global",
-                    "time": round(max(0.0, msg.created_at - s.started_at), 3),  # the seed may predate the profiling pass
+                    "time": round(max(0.0, msg.created_at - s.started_at), 3),  # the seed may come first
                     "version": msg.version,
                     "tier": msg.tier,
                     "tier_round": msg.tier_round,
