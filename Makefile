@@ -43,11 +43,16 @@ run: setup broker data
 compare: setup broker data
 	$(PY) -m fedat.cli compare $(COMPARISON)
 
+# Unit tests are CPU-bound and independent: they run on every core. Integration tests run one at a time, alone,
+# since they time real services against their latency models. Both parts always run; either failing fails `test`.
+TEST_JOBS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
 test: setup broker data prometheus
-	$(PY) -m pytest -p no:cacheprovider --durations=12 tests
+	$(PY) -m pytest -p no:cacheprovider --durations=12 tests/integration; integration=$$?; \
+	$(PY) -m pytest -p no:cacheprovider --durations=12 -n $(TEST_JOBS) tests/unit; unit=$$?; \
+	exit $$(( integration || unit ))
 
 test-unit: setup prometheus
-	$(PY) -m pytest -p no:cacheprovider tests/unit
+	$(PY) -m pytest -p no:cacheprovider -n $(TEST_JOBS) tests/unit
 
 bench: setup broker data
 	$(PY) bench/bench_codec.py
