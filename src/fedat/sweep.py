@@ -200,7 +200,7 @@ def seed_accuracy_table(methods: Mapping[str, Sequence[dict]], reference: str = 
     ref_var = mean_std(ref_vars)[0] if ref_vars else None
     lines = [
         "| method | seeds | best accuracy | last-quarter mean | last-quarter rise | norm. variance "
-        "| rounds per tier (mean) | tier weights (mean) | compute (min; CPU, or wall if not recorded) |",
+        "| rounds per tier (mean) | tier weights (mean) | compute (min, all seeds; CPU, or wall if not recorded) |",
         "|---|---:|---:|---:|---:|---:|---|---|---:|",
     ]
     for method, recs in methods.items():
