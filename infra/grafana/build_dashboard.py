@@ -580,7 +580,8 @@ def panels() -> list[dict]:
     L.add(
         timeseries(
             "Messages consumed by outcome",
-            "Per second, by service and outcome: ok, dead-lettered, error (requeued).",
+            "Per second, by service and outcome: ok, dead-lettered, error (requeued), "
+            "interrupted (requeued by a stopping worker).",
             targets((rate("fedat_messages_consumed_total", "", "job, outcome"), "{{job}} {{outcome}}")),
             "ops",
         ),
