@@ -18,7 +18,6 @@ import json
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,6 +32,7 @@ from typing import IO, Any
 
 from fedat.capture import Capture, Records
 from fedat.invariants import VIOLATIONS, Verdict, check
+from fedat.ports import free_ports
 from fedat.run import MANAGEMENT_ENV, SERVICES, Broker, Experiment, load_experiment
 
 CATEGORIES = ("barrier", "aggregator", "profiler", "evaluator", "worker")
@@ -92,21 +92,6 @@ def make_schedule(seed: int, seconds: float, kills: int, restarts: int, workers:
 def _die_with_parent() -> None:
     # Linux: the child gets SIGTERM if this launcher dies, even by SIGKILL, so no service outlives the chaos run.
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def free_ports(n: int) -> list[int]:
-    """n distinct TCP ports free on 127.0.0.1 right now."""
-    socks, ports = [], []
-    try:
-        while len(ports) < n:
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            ports.append(s.getsockname()[1])
-    finally:
-        for s in socks:
-            s.close()
-    return ports
 
 
 def broker_connected(port: int) -> bool:

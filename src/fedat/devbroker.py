@@ -18,7 +18,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import string
 import subprocess
 import tempfile
@@ -28,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from urllib.parse import quote
 
+from fedat.ports import free_ports
 from fedat.tls import TlsConfig
 
 # The Debian package's /usr/sbin scripts are wrappers that, run as root, switch to the `rabbitmq` user and write
@@ -36,8 +36,6 @@ _DEFAULT_BIN = "/usr/lib/rabbitmq/bin"
 START_TIMEOUT = 90.0
 STOP_TIMEOUT = 30.0
 CTL_TIMEOUT = 60.0
-# rabbitmqctl's own distribution listener uses 35672-35682: never hand those ports to a node.
-_RESERVED_PORTS = set(range(35672, 35683)) | {4369, 5671, 5672, 15672, 15692, 25672}
 
 # Linux sends the parent-death signal when the *thread* that forked the child ends. Forking from one long-lived
 # worker thread ties the node to the life of the process, not of whichever thread called start().
@@ -46,24 +44,6 @@ _spawner = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedat-devbroker
 
 class BrokerError(RuntimeError):
     """The private node failed to start, answer or stop; the message names the step and carries the log tail."""
-
-
-def _free_ports(n: int) -> list[int]:
-    """n distinct free TCP ports on 127.0.0.1 (free now; the node binds them a moment later)."""
-    ports: list[int] = []
-    socks = []
-    try:
-        while len(ports) < n:
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)  # keep it bound so the next pick cannot return the same port
-            port = s.getsockname()[1]
-            if port not in _RESERVED_PORTS:
-                ports.append(port)
-    finally:
-        for s in socks:
-            s.close()
-    return ports
 
 
 def _bin(name: str) -> str:
@@ -193,7 +173,7 @@ class PrivateBroker:
             self._finalizer = weakref.finalize(self, _cleanup, self._state)
         self.dir = Path(tempfile.mkdtemp(prefix="fedat-broker-"))
         self._state["dir"] = self.dir
-        ports = _free_ports(2 + self.tls + self.management + self.prometheus)
+        ports = free_ports(2 + self.tls + self.management + self.prometheus)
         self.port, self.dist_port = ports.pop(), ports.pop()
         lines = [
             f"listeners.tcp.local = 127.0.0.1:{self.port}",

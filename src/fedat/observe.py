@@ -19,7 +19,6 @@ import ctypes
 import json
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -31,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from fedat.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "infra" / "prometheus" / "alerts.yaml"
@@ -82,13 +83,6 @@ def config(
         "rule_files": rule_files,
         "scrape_configs": scrape,
     }
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on at the moment, on 127.0.0.1."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _die_with_parent() -> None:

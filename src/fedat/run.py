@@ -14,7 +14,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,6 +34,7 @@ from fedat import provision as prov
 from fedat.bus import BrokerConfig, run_service
 from fedat.latency import client_profiles
 from fedat.metrics import transport_metrics
+from fedat.ports import free_ports
 from fedat.recorder import Recorder, RunState
 from fedat.roles import SERVICE_ROLES
 
@@ -166,17 +166,8 @@ class Processes:
 
 
 def metrics_ports(names: list[str]) -> dict[str, int]:
-    """A free 127.0.0.1 TCP port for each name (held open together while choosing, so no two are the same)."""
-    socks = []
-    try:
-        for _ in names:
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-        return {n: s.getsockname()[1] for n, s in zip(names, socks, strict=True)}
-    finally:
-        for s in socks:
-            s.close()
+    """A free 127.0.0.1 TCP port for each name, outside the ephemeral range (a restarted service gets it back)."""
+    return dict(zip(names, free_ports(len(names)), strict=True))
 
 
 def _die_with_parent() -> None:
