@@ -13,7 +13,6 @@ compare the best accuracy. Writes `<results>/chaos-<time>/chaos.json` and `chaos
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import random
@@ -31,6 +30,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from fedat.capture import Capture, Records
+from fedat.children import die_with_parent
 from fedat.invariants import VIOLATIONS, Verdict, check
 from fedat.ports import free_ports
 from fedat.run import MANAGEMENT_ENV, SERVICES, Broker, Experiment, load_experiment
@@ -45,7 +45,6 @@ RESUME_TIMEOUT = 60.0  # after the budget: every service connected and a new glo
 SETTLE_SECONDS = 4.0  # then let the pipeline run on a little before stopping
 DRAIN_SECONDS = 4.0  # between stopping the workers (no new updates) and stopping everything else
 ACCURACY_BAND = 0.10  # disturbed best accuracy must be >= baseline best - this
-PR_SET_PDEATHSIG = 1
 # Keys come from the run (one keyring file per role, as under `fedat run`), never from the caller's environment.
 KEYS_ENV = ("FEDAT_SIGNING_SECRET_FILE", "FEDAT_SIGNING_SECRET", "FEDAT_KEYRING_FILE")
 
@@ -89,9 +88,6 @@ def make_schedule(seed: int, seconds: float, kills: int, restarts: int, workers:
 
 
 # --- processes -----------------------------------------------------------------------------------------------
-def _die_with_parent() -> None:
-    # Linux: the child gets SIGTERM if this launcher dies, even by SIGKILL, so no service outlives the chaos run.
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def broker_connected(port: int) -> bool:
@@ -140,7 +136,7 @@ class Services:
             env=env,
             stdout=p.log,
             stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
         p.killed, p.starts = False, p.starts + 1
 

@@ -15,10 +15,8 @@ Job names follow the convention the alert rules and the dashboard rely on: `feda
 
 from __future__ import annotations
 
-import ctypes
 import json
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -31,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from fedat.children import die_with_parent
 from fedat.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -83,10 +82,6 @@ def config(
         "rule_files": rule_files,
         "scrape_configs": scrape,
     }
-
-
-def _die_with_parent() -> None:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 @dataclass
@@ -186,7 +181,7 @@ def start(out: Path, ports: Mapping[str, int], broker: Any = None, rules: Path =
             ],
             stdout=log,
             stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
             start_new_session=True,  # Ctrl-C on the run must not stop it before the alerts are read
         )
     finally:

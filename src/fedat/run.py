@@ -7,7 +7,6 @@ and does not declare the topology (`FEDAT_DECLARE_TOPOLOGY=0`); the vhost and th
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
@@ -32,6 +31,7 @@ from fedat import calibrate as cal
 from fedat import config, signing
 from fedat import provision as prov
 from fedat.bus import BrokerConfig, run_service
+from fedat.children import die_with_parent
 from fedat.latency import client_profiles
 from fedat.metrics import transport_metrics
 from fedat.ports import free_ports
@@ -39,7 +39,6 @@ from fedat.recorder import Recorder, RunState
 from fedat.roles import SERVICE_ROLES
 
 log = logging.getLogger("fedat.run")
-PR_SET_PDEATHSIG = 1
 
 SERVICES = {
     "aggregator": "fedat_aggregator.aggregator_main",
@@ -133,7 +132,7 @@ class Processes:
         logf = open(self.logdir / f"{name}.log", "ab")  # noqa: SIM115 — closed in stop()
         env = {**self.env, **(extra or {})}
         p = subprocess.Popen(
-            [sys.executable, "-m", module], env=env, stdout=logf, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+            [sys.executable, "-m", module], env=env, stdout=logf, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
         )
         self.procs.append((name, p, logf))
         return p
@@ -168,11 +167,6 @@ class Processes:
 def metrics_ports(names: list[str]) -> dict[str, int]:
     """A free 127.0.0.1 TCP port for each name, outside the ephemeral range (a restarted service gets it back)."""
     return dict(zip(names, free_ports(len(names)), strict=True))
-
-
-def _die_with_parent() -> None:
-    # Linux: a child gets SIGTERM if the launcher dies, even by SIGKILL, so no service outlives its run.
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _interrupt(signum, frame) -> None:
@@ -296,7 +290,7 @@ def probe_machine(env: dict[str, str], workers: int, seconds: float = PROBE_SECO
     cmd = [sys.executable, "-m", "fedat_worker.probe", "--seconds", str(seconds)]
     probes = [
         subprocess.Popen(
-            cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, preexec_fn=_die_with_parent
+            cmd, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, preexec_fn=die_with_parent
         )
         for _ in range(workers)
     ]
