@@ -40,7 +40,8 @@ def candidate_ports(ephemeral: tuple[int, int]) -> list[int]:
 
 def free_ports(n: int, rng: random.Random | None = None) -> list[int]:
     """n distinct ports free on 127.0.0.1 now, outside the ephemeral range (held together while choosing)."""
-    pool = candidate_ports(ephemeral_range())
+    ephemeral = ephemeral_range()
+    pool = candidate_ports(ephemeral)
     (rng or random.SystemRandom()).shuffle(pool)  # separate processes choosing at once rarely collide
     socks: list[socket.socket] = []
     ports: list[int] = []
@@ -60,7 +61,7 @@ def free_ports(n: int, rng: random.Random | None = None) -> list[int]:
         for s in socks:
             s.close()
     if len(ports) < n:
-        raise OSError(f"only {len(ports)} of {n} loopback ports free outside the ephemeral range {ephemeral_range()}")
+        raise OSError(f"only {len(ports)} of {n} loopback ports free outside the ephemeral range {ephemeral}")
     return ports
 
 
