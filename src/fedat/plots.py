@@ -117,25 +117,26 @@ def plot_comparison(folder: Path, results) -> None:
 
 
 def plot_sweep(path: Path, title: str, methods) -> None:
-    """Accuracy vs virtual time of a sweep: a colour per method, a line per seed (`methods`: method → records)."""
-    fig, ax = plt.subplots(figsize=(8, 5))
+    """Accuracy vs virtual time of a sweep: per method the seeds' mean (dashed where fewer seeds ran on) and band."""
+    from fedat.sweep import coverage, seed_band
+
+    fig, ax = plt.subplots(figsize=(9, 5.5))
     for i, (method, records) in enumerate(methods.items()):
         colour = f"C{i % 10}"
-        for j, rec in enumerate(records):
-            curve = rec["curve"]
-            ax.plot(
-                [p[0] for p in curve],
-                [p[1] for p in curve],
-                color=colour,
-                linewidth=1.0,
-                alpha=0.8,
-                label=f"{method} ({len(records)} seed{'s' if len(records) > 1 else ''})" if j == 0 else None,
-            )
-    ax.set_title(title)
+        times, mean, lo, hi, n = seed_band(records)
+        full = max(n)
+        k = sum(1 for c in n if c == full)  # seeds stop one by one, so the full-count points come first
+        ax.plot(times[:k], mean[:k], color=colour, linewidth=1.4, label=f"{method} ({coverage(records)})")
+        if k < len(times):
+            ax.plot(times[k - 1 :], mean[k - 1 :], color=colour, linewidth=1.0, linestyle="--")
+        if full > 1:
+            ax.fill_between(times, lo, hi, color=colour, alpha=0.12, linewidth=0)
+    ax.set_title(f"{title}: mean over seeds of a 150-s trailing mean; band = seeds' range; dashed = fewer seeds")
+    ax.title.set_fontsize(9)
     ax.set_xlabel("virtual time (s)")
     ax.set_ylabel("mean client test accuracy")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

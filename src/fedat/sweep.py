@@ -188,6 +188,52 @@ def _pm(xs: Sequence[float], fmt: str = ".3f") -> str:
     return f"{m:{fmt}} ± {s:{fmt.lstrip('+')}}" if len(xs) > 1 else f"{m:{fmt}}"
 
 
+def seed_band(
+    records: Sequence[dict], step: float = 30.0, window: float = 150.0
+) -> tuple[list[float], list[float], list[float], list[float], list[int]]:
+    """Accuracy of several seeds on one time grid: (times, mean, min, max, seeds) per grid point.
+
+    Each seed's curve is held (the last evaluation at or before t counts, as a deployed model would) and averaged
+    over its trailing `window` seconds; a grid point counts only the seeds whose run reached it."""
+    end = max(r["virtual_minutes"] * 60.0 for r in records)
+    grid = [i * step for i in range(int(end / step + 1e-9) + 1)]
+    per_seed = []
+    for rec in records:
+        curve, held, k = rec["curve"], [], 0
+        for t in grid:
+            while k + 1 < len(curve) and curve[k + 1][0] <= t:
+                k += 1
+            held.append(curve[k][1] if curve and curve[0][0] <= t else None)
+        span = max(1, int(window / step))
+        smooth = []
+        for i, t in enumerate(grid):
+            xs = [x for x in held[max(0, i - span + 1) : i + 1] if x is not None]
+            reached = t <= rec["virtual_minutes"] * 60.0 + 1e-9
+            smooth.append(sum(xs) / len(xs) if xs and reached else None)
+        per_seed.append(smooth)
+    times, mean, lo, hi, n = [], [], [], [], []
+    for i, t in enumerate(grid):
+        xs = [s[i] for s in per_seed if s[i] is not None]
+        if xs:
+            times.append(t)
+            mean.append(sum(xs) / len(xs))
+            lo.append(min(xs))
+            hi.append(max(xs))
+            n.append(len(xs))
+    return times, mean, lo, hi, n
+
+
+def coverage(records: Sequence[dict]) -> str:
+    """How far a method's seeds ran, for a legend: "3 seeds, 60 min" or "3 seeds to 16.5 min, 1 to 60"."""
+    budgets = sorted({r["virtual_minutes"] for r in records})
+    reach = [(sum(1 for r in records if r["virtual_minutes"] >= b - 1e-9), b) for b in budgets]
+    (n0, b0), rest = reach[0], reach[1:]
+    noun = "seed" if n0 == 1 else "seeds"
+    if not rest:
+        return f"{n0} {noun}, {b0:g} min"
+    return f"{n0} {noun} to {b0:g} min, " + ", ".join(f"{n} to {b:g}" for n, b in rest)
+
+
 def results_of(recs: Sequence[dict]) -> list[MethodResult]:
     """Records as the comparison tables' MethodResults."""
     return [MethodResult(r["method"], r["summary"], [tuple(p) for p in r["curve"]]) for r in recs]

@@ -200,3 +200,27 @@ def test_fedat_tabulate_sweeps_rewrites_the_block_and_draws_each_comparison(tmp_
     text = md.read_text()
     assert "stale" not in text and "| fedat | 0 | 0.800 |" in text and text.endswith("kept\n")
     assert (tmp_path / "cmp-sim-accuracy-vs-time.png").stat().st_size > 1000
+
+
+def band_record(seed: int, minutes: float, curve: list[tuple[float, float]]) -> dict:
+    """A record with just what the seed band reads."""
+    return {"seed": seed, "virtual_minutes": minutes, "curve": [[t, a, 0, 0] for t, a in curve]}
+
+
+def test_the_seed_band_holds_each_curve_smooths_it_and_counts_only_seeds_that_ran_that_far():
+    short = band_record(0, 1.0, [(0.0, 0.1), (20.0, 0.5), (50.0, 0.7)])
+    long = band_record(1, 2.0, [(0.0, 0.1), (40.0, 0.3), (100.0, 0.9)])
+    times, mean, lo, hi, n = sweep.seed_band([short, long], step=30.0, window=60.0)
+    assert times == [0.0, 30.0, 60.0, 90.0, 120.0]
+    assert n == [2, 2, 2, 1, 1]
+    # held: short 0.1, 0.5, 0.7; long 0.1, 0.1, 0.3, 0.3, 0.9; trailing two-point means of those
+    assert mean == pytest.approx([0.1, (0.3 + 0.1) / 2, (0.6 + 0.2) / 2, 0.3, 0.6])
+    assert lo[1:3] == pytest.approx([0.1, 0.2]) and hi[1:3] == pytest.approx([0.3, 0.6])
+    assert lo[3:] == hi[3:] == pytest.approx([0.3, 0.6])
+
+
+def test_the_legend_says_how_far_each_seed_ran():
+    assert sweep.coverage([band_record(s, 30.0, []) for s in range(3)]) == "3 seeds, 30 min"
+    recs = [band_record(0, 60.0, []), band_record(1, 16.5, []), band_record(2, 16.5, [])]
+    assert sweep.coverage(recs) == "3 seeds to 16.5 min, 1 to 60"
+    assert sweep.coverage([band_record(0, 30.0, [])]) == "1 seed, 30 min"
