@@ -45,13 +45,27 @@ def record_path(root: Path, comparison: str, method: str, seed: int) -> Path:
     return root / comparison / method / f"seed-{seed}.json"
 
 
+def cpu_name(cpuinfo: str) -> str:
+    """The processor as /proc/cpuinfo names it, with its widest vector unit: TensorFlow picks kernels by it."""
+    fields = dict((k.strip(), v.strip()) for k, _, v in (line.partition(":") for line in cpuinfo.splitlines()) if v)
+    flags = set(fields.get("flags", "").split())
+    simd = next((f for f in ("avx512f", "avx2", "avx", "sse4_2") if f in flags), "none")
+    return f"{fields.get('model name', 'unknown')} ({simd})"
+
+
+def _this_cpu() -> str:
+    info = Path("/proc/cpuinfo")
+    return cpu_name(info.read_text()) if info.exists() else "unknown"
+
+
 def make_record(run_dir: Path, comparison: str, method: str, order: int = 0, targets: Sequence[float] = ()) -> dict:
     """The small record of a finished run folder: settings, headline numbers, curve, mean tier weights.
 
     `order` is the method's place in its comparison file (tables keep it), `targets` the comparison's accuracies.
     `at_eval` holds, for each evaluation, what the tables need at that instant (variance, evaluated version, rounds
     per tier, Σ tier weights and global versions so far), so that `truncated` gives any shorter budget's record:
-    a simulation is deterministic, so the first M minutes of a longer run are the M-minute run.
+    a simulation is deterministic, so the first M minutes of a longer run are the M-minute run. `cpu` names the
+    processor it ran on: the event schedule is the same everywhere, the trained numbers only on the same kind.
     """
     summary = json.loads((run_dir / "summary.json").read_text())
     experiment = json.loads((run_dir / "experiment.json").read_text())
@@ -80,6 +94,7 @@ def make_record(run_dir: Path, comparison: str, method: str, order: int = 0, tar
         "seed": int(summary.get("seed", experiment["settings"].get("seed", 0))),
         "virtual_minutes": experiment.get("simulated", {}).get("virtual_minutes", experiment.get("minutes")),
         "settings": experiment["settings"],
+        "cpu": _this_cpu(),
         "summary": {k: summary.get(k) for k in KEPT},
         "mean_tier_weights": [round(w / globals_, 4) for w in wsum] if globals_ else [],
         "curve": curve,

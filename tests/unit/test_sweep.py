@@ -224,3 +224,11 @@ def test_the_legend_says_how_far_each_seed_ran():
     recs = [band_record(0, 60.0, []), band_record(1, 16.5, []), band_record(2, 16.5, [])]
     assert sweep.coverage(recs) == "3 seeds to 16.5 min, 1 to 60"
     assert sweep.coverage([band_record(0, 30.0, [])]) == "1 seed, 30 min"
+
+
+def test_a_record_names_the_processor_it_ran_on_with_its_widest_vector_unit(tmp_path):
+    info = "processor\t: 0\nmodel name\t: AMD EPYC 7B13\nflags\t\t: fpu sse4_2 avx avx2 fma\n\nprocessor\t: 1\n"
+    assert sweep.cpu_name(info) == "AMD EPYC 7B13 (avx2)"
+    assert sweep.cpu_name("flags : avx512f avx2\n") == "unknown (avx512f)"
+    rec = sweep.make_record(run_folder(tmp_path, 0, 0.5, [[1.0]]), "cmp", "fedat")
+    assert rec["cpu"] and rec["cpu"] != "unknown (none)"
