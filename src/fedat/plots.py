@@ -118,7 +118,7 @@ def plot_comparison(folder: Path, results) -> None:
 
 def plot_sweep(path: Path, title: str, methods) -> None:
     """Accuracy vs virtual time of a sweep: per method the seeds' mean (dashed where fewer seeds ran on) and band."""
-    from fedat.sweep import coverage, seed_band
+    from fedat.sweep import BAND_WINDOW, coverage, seed_band
 
     fig, ax = plt.subplots(figsize=(9, 5.5))
     for i, (method, records) in enumerate(methods.items()):
@@ -131,7 +131,9 @@ def plot_sweep(path: Path, title: str, methods) -> None:
             ax.plot(times[k - 1 :], mean[k - 1 :], color=colour, linewidth=1.0, linestyle="--")
         if full > 1:
             ax.fill_between(times, lo, hi, color=colour, alpha=0.12, linewidth=0)
-    ax.set_title(f"{title}: mean over seeds of a 150-s trailing mean; band = seeds' range; dashed = fewer seeds")
+    ax.set_title(
+        f"{title}: mean over seeds of a {BAND_WINDOW:g}-s trailing mean; band = seeds' range; dashed = fewer seeds"
+    )
     ax.title.set_fontsize(9)
     ax.set_xlabel("virtual time (s)")
     ax.set_ylabel("mean client test accuracy")

@@ -17,6 +17,7 @@ from fedat.compare import MethodResult, first_reaching, quarter_rise, tail_mean
 SCHEMA = 1
 BEGIN = "<!-- fedat tabulate --sweeps: begin (generated; edit the records, not this block) -->"
 END = "<!-- fedat tabulate --sweeps: end -->"
+BAND_WINDOW = 150.0  # s of trailing mean in a sweep plot: about five evaluations, enough to read the trend
 # summary.json fields a record keeps: enough for every table, small enough to commit
 KEPT = (
     "best_accuracy",
@@ -204,7 +205,7 @@ def _pm(xs: Sequence[float], fmt: str = ".3f") -> str:
 
 
 def seed_band(
-    records: Sequence[dict], step: float = 30.0, window: float = 150.0
+    records: Sequence[dict], step: float = 30.0, window: float = BAND_WINDOW
 ) -> tuple[list[float], list[float], list[float], list[float], list[int]]:
     """Accuracy of several seeds on one time grid: (times, mean, min, max, seeds) per grid point.
 
@@ -212,6 +213,7 @@ def seed_band(
     over its trailing `window` seconds; a grid point counts only the seeds whose run reached it."""
     end = max(r["virtual_minutes"] * 60.0 for r in records)
     grid = [i * step for i in range(int(end / step + 1e-9) + 1)]
+    span = max(1, int(window / step))
     per_seed = []
     for rec in records:
         curve, held, k = rec["curve"], [], 0
@@ -219,7 +221,6 @@ def seed_band(
             while k + 1 < len(curve) and curve[k + 1][0] <= t:
                 k += 1
             held.append(curve[k][1] if curve and curve[0][0] <= t else None)
-        span = max(1, int(window / step))
         smooth = []
         for i, t in enumerate(grid):
             xs = [x for x in held[max(0, i - span + 1) : i + 1] if x is not None]
