@@ -7,12 +7,19 @@ import argparse
 import json
 import logging
 import os
-import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
 
 from fedat.run import load_experiment, run
+
+
+def _become(module: str, args: list[str]) -> None:
+    """Replace this process by `python -m module args`: signals (SIGTERM, Ctrl-C) then reach the simulator itself."""
+    # The simulator imports every service; the core must not, so it runs as its own module, in this very process.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", module, *args])
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -58,10 +65,9 @@ def main(argv: list[str] | None = None) -> None:
         argv = sys.argv[1:]
     if argv[:1] == ["compare"] and "--simulate" in argv:
         rest = [a for a in argv[1:] if a != "--simulate"]
-        sys.exit(subprocess.call([sys.executable, "-m", "fedat_sim.compare", *rest]))
+        _become("fedat_sim.compare", rest)
     if argv[:1] == ["simulate"]:
-        # The simulator imports every service; the core must not, so it runs as its own module.
-        sys.exit(subprocess.call([sys.executable, "-m", "fedat_sim", *argv[1:]]))
+        _become("fedat_sim", argv[1:])
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     try:

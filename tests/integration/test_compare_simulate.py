@@ -7,8 +7,10 @@ takes seconds); the command line is the one users type.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -104,3 +106,47 @@ def test_a_simulated_comparison_leaves_a_record_per_run_resumes_and_tabulates(tm
     original = json.loads(sweep.record_path(sums, "tiny-cmp", "fedat", 0).read_text())
     assert k3["curve"] == original["curve"] and k3["reused_from"] == "tiny-cmp/fedat/seed-0"
     assert "| k3 | 0* |" in (tmp_path / "runs" / "tiny-other-sim.md").read_text()
+
+
+@pytest.mark.skipif(not FMNIST.exists(), reason="Fashion-MNIST is installed by `make data`")
+def test_sigterm_stops_a_sweep_files_what_ran_starts_nothing_else_and_never_shortens_a_record(tmp_path):
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(BASE))
+    (tmp_path / "cmp.yaml").write_text(yaml.safe_dump(COMPARISON))
+    sums = tmp_path / "sums"
+    args = ("compare", "cmp.yaml", "--simulate", "--jobs", "1", "--summaries", str(sums))
+    first = fedat(*args, "--results", "short", "--methods", "fedat", "--seeds", "0", cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    short = json.loads(sweep.record_path(sums, "tiny-cmp", "fedat", 0).read_text())
+    assert short["virtual_minutes"] == 0.75
+
+    # 30 virtual minutes of fedat seeds 0 and 1 and fedavg seed 0, one at a time; SIGTERM once the first has begun
+    runs = tmp_path / "long"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fedat.cli", *args, "--results", str(runs), "--virtual-minutes", "30"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not (runs.exists() and any(runs.iterdir())) and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)  # the very process the user started: `fedat compare` is the sweep itself
+        out, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert "SIGTERM: the runs in progress end early" in out and "stopped: 2 runs not started" in out, out
+    started = [d for d in runs.iterdir() if d.is_dir()]
+    assert [d.name.split("-")[2] + d.name.split("-")[3] for d in started] == ["fedatseed0"]  # nothing else began
+    ran = json.loads((started[0] / "experiment.json").read_text())["simulated"]
+    assert ran["planned_minutes"] == 30 and ran["virtual_minutes"] < 30
+    rec = json.loads(sweep.record_path(sums, "tiny-cmp", "fedat", 0).read_text())
+    if ran["virtual_minutes"] < short["virtual_minutes"]:
+        assert rec == short  # the stopped run is a prefix of the record already there: that one stays
+    else:
+        assert rec["virtual_minutes"] == ran["virtual_minutes"]  # longer: it replaces the short record, which it holds
+        assert sweep.truncated(rec, short["virtual_minutes"])["curve"] == short["curve"]
+    assert not sweep.record_path(sums, "tiny-cmp", "fedat", 1).exists()
+    assert not sweep.record_path(sums, "tiny-cmp", "fedavg", 0).exists()

@@ -1,7 +1,9 @@
 """`fedat compare --simulate`: every method of a comparison on several seeds in virtual time, a run per core.
 
 Each finished run leaves its record (`fedat.sweep`) under the summaries folder at once, and a record that exists
-with at least these virtual minutes is not run again: a sweep stopped half-way resumes where it stopped.
+with at least these virtual minutes is not run again: a sweep stopped half-way resumes where it stopped. SIGTERM or
+Ctrl-C stops a sweep: the runs in progress end early and file their shorter records, no further run starts, and a
+record is never replaced by a shorter one.
 """
 
 from __future__ import annotations
@@ -10,10 +12,12 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import CancelledError, ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
+from multiprocessing.synchronize import Event
 from pathlib import Path
 
 from fedat import sweep
@@ -31,8 +35,24 @@ def _done(summaries: Path, name: str, minutes: float) -> set[tuple[str, int]]:
     return done
 
 
-def run_one(path: Path, method: str, seed: int, minutes: float, results: Path, summaries: Path) -> dict:
-    """Simulate one (method, seed) of the comparison and write its record; return the record (in a fresh process)."""
+_stopping: Event | None = None  # in a pool process: the sweep's stop event
+
+
+def _pool_process(stopping: Event) -> None:
+    """Set up a pool process: Ctrl-C is the sweep's to handle; its stop event ends this process's run early."""
+    global _stopping
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _stopping = stopping
+
+
+def _stopped() -> bool:
+    return _stopping is not None and _stopping.is_set()
+
+
+def run_one(path: Path, method: str, seed: int, minutes: float, results: Path, summaries: Path) -> dict | None:
+    """Simulate one (method, seed) of the comparison and file its record; return it (None: the sweep had stopped)."""
+    if _stopped():
+        return None  # queued before the sweep stopped: a run of a few virtual seconds would be no record at all
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     logging.basicConfig(level=logging.ERROR, format="%(name)s %(levelname)s: %(message)s")
     from fedat_sim.simulate import simulate, stop_on_sigterm
@@ -42,9 +62,12 @@ def run_one(path: Path, method: str, seed: int, minutes: float, results: Path, s
     exp = exps[methods.index(method)]
     tag = f"{name}-{method}-seed{seed}-{time.strftime('%H%M%S')}"
     # SIGTERM to this process ends the run early: its record is then the shorter run's (and counts only for that)
-    summary = simulate(exp, results, minutes, seed, tag=tag, stop=stop_on_sigterm())
+    terminated = stop_on_sigterm()
+    summary = simulate(exp, results, minutes, seed, tag=tag, stop=lambda: terminated() or _stopped())
     rec = sweep.make_record(Path(summary["run_dir"]), name, method, methods.index(method), targets)
-    _write(sweep.record_path(summaries, name, method, seed), rec)
+    out = sweep.record_path(summaries, name, method, seed)
+    if not out.exists() or float(json.loads(out.read_text())["virtual_minutes"]) <= float(rec["virtual_minutes"]):
+        _write(out, rec)  # a longer record holds this run already (`sweep.truncated`): a stopped run never shortens it
     return rec
 
 
@@ -95,21 +118,55 @@ def compare_simulated(
     )
     results.mkdir(parents=True, exist_ok=True)
     # spawn, one run per process: TensorFlow is not fork-safe, and a fresh process frees a run's memory
-    with ProcessPoolExecutor(jobs, mp_context=get_context("spawn"), max_tasks_per_child=1) as pool:
+    ctx = get_context("spawn")
+    stopping = ctx.Event()
+    with ProcessPoolExecutor(
+        jobs, mp_context=ctx, max_tasks_per_child=1, initializer=_pool_process, initargs=(stopping,)
+    ) as pool:
         futures = {pool.submit(run_one, path, m, s, minutes, results, summaries): (m, s) for m, s in todo}
-        for f in as_completed(futures):
-            m, s = futures[f]
-            rec = f.result()
-            sm = rec["summary"]
+
+        def stop(signum: int, frame: object) -> None:
+            stopping.set()
+            for f in futures:
+                f.cancel()
             print(
-                f"[fedat compare --simulate] {m} seed {s}: best {sm['best_accuracy']}, rounds {sm['tier_rounds']}, "
-                f"{sm['client_trainings']} trainings in {sm['wall_seconds']:.0f} s"
-                + (f", FAILED {sm['failure']}" if sm["failure"] else ""),
+                f"[fedat compare --simulate] {signal.Signals(signum).name}: the runs in progress end early and file "
+                "their records; no other run starts",
                 flush=True,
             )
+
+        previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+        unstarted = 0
+        try:
+            for f in as_completed(futures):
+                m, s = futures[f]
+                try:
+                    rec = f.result()
+                except CancelledError:
+                    rec = None
+                if rec is None:
+                    unstarted += 1
+                else:
+                    print(f"[fedat compare --simulate] {m} seed {s}: {_line(rec, minutes)}", flush=True)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    if unstarted:
+        print(f"[fedat compare --simulate] stopped: {unstarted} runs not started", flush=True)
     md = f"# {name}, simulated\n\n" + sweep.render(summaries, only=name, minutes=minutes)
     (results / f"{name}-sim.md").write_text(md + "\n")
     return md
+
+
+def _line(rec: dict, minutes: float) -> str:
+    sm = rec["summary"]
+    ran = float(rec["virtual_minutes"])
+    return (
+        f"best {sm['best_accuracy']}, rounds {sm['tier_rounds']}, {sm['client_trainings']} trainings in "
+        f"{sm['wall_seconds']:.0f} s"
+        + (f", stopped at {ran:g} of {minutes:g} virtual min" if ran < minutes - 1e-9 else "")
+        + (f", FAILED {sm['failure']}" if sm["failure"] else "")
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
