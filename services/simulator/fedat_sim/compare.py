@@ -125,20 +125,26 @@ def compare_simulated(
     ) as pool:
         futures = {pool.submit(run_one, path, m, s, minutes, results, summaries): (m, s) for m, s in todo}
 
+        received: list[int] = []
+
         def stop(signum: int, frame: object) -> None:
+            # no print here: the handler may interrupt a print of the loop's, and stdout is not re-entrant
+            received.append(signum)
             stopping.set()
             for f in futures:
                 f.cancel()
-            print(
-                f"[fedat compare --simulate] {signal.Signals(signum).name}: the runs in progress end early and file "
-                "their records; no other run starts",
-                flush=True,
-            )
 
         previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
-        unstarted = 0
+        unstarted, announced = 0, False
         try:
             for f in as_completed(futures):
+                if received and not announced:
+                    announced = True
+                    print(
+                        f"[fedat compare --simulate] {signal.Signals(received[0]).name}: the runs in progress end "
+                        "early and file their records; no other run starts",
+                        flush=True,
+                    )
                 m, s = futures[f]
                 try:
                     rec = f.result()
