@@ -65,13 +65,14 @@ def run_one(path: Path, method: str, seed: int, minutes: float, results: Path, s
     terminated = stop_on_sigterm()
     summary = simulate(exp, results, minutes, seed, tag=tag, stop=lambda: terminated() or _stopped())
     rec = sweep.make_record(Path(summary["run_dir"]), name, method, methods.index(method), targets)
-    out = sweep.record_path(summaries, name, method, seed)
-    if not out.exists() or float(json.loads(out.read_text())["virtual_minutes"]) <= float(rec["virtual_minutes"]):
-        _write(out, rec)  # a longer record holds this run already (`sweep.truncated`): a stopped run never shortens it
+    _file(sweep.record_path(summaries, name, method, seed), rec)
     return rec
 
 
-def _write(out: Path, rec: dict) -> None:
+def _file(out: Path, rec: dict) -> None:
+    """Write `rec` at `out` unless a longer record of the run is there: that one holds it (`sweep.truncated`)."""
+    if out.exists() and float(json.loads(out.read_text())["virtual_minutes"]) > float(rec["virtual_minutes"]):
+        return
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".tmp")
     tmp.write_text(json.dumps(rec, indent=1) + "\n")
@@ -87,7 +88,7 @@ def reuse(path: Path, summaries: Path, method: str, seed: int, minutes: float) -
     if same is None:
         return None
     rec = sweep.reused(same, name, method, i, targets)
-    _write(sweep.record_path(summaries, name, method, seed), rec)
+    _file(sweep.record_path(summaries, name, method, seed), rec)
     return rec
 
 
