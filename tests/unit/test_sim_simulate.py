@@ -12,6 +12,7 @@ import pytest
 from fedat.run import Experiment, load_experiment
 from fedat_sim import simulate
 from fedat_sim.fakes import fake_parts
+from fedat_sim.simulate import STOP_GRAIN
 
 FMNIST = Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
 
@@ -78,6 +79,13 @@ def test_a_run_stopped_early_is_exactly_the_shorter_run(tmp_path):
 
 
 @pytest.mark.tf
+def test_a_simulation_reports_its_virtual_minutes_after_every_grain(tmp_path):
+    seen: list[float] = []
+    simulate(Experiment("tiny", 2, 1, dict(SMALL)), tmp_path, 2, parts=fake_parts(8), tag="p", progress=seen.append)
+    assert len(seen) == round(2 * 60 / STOP_GRAIN)
+    assert seen == sorted(seen) and abs(seen[-1] - 2.0) < 1e-9
+
+
 def test_a_tiny_logreg_experiment_runs_every_tier_and_learns_and_repeats_exactly(tmp_path):
     pytest.importorskip("tensorflow")
     if not FMNIST.exists():

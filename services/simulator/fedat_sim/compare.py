@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import CancelledError, ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from multiprocessing.synchronize import Event
@@ -49,7 +50,50 @@ def _stopped() -> bool:
     return _stopping is not None and _stopping.is_set()
 
 
-def run_one(path: Path, method: str, seed: int, minutes: float, results: Path, summaries: Path) -> dict | None:
+PROGRESS_EVERY = 600.0  # wall seconds between a run's progress lines
+
+
+def _duration(seconds: float) -> str:
+    """A wall duration for people: '40 s', '12 min', '3 h 05 min'."""
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes = round(seconds / 60)
+    return f"{minutes} min" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
+
+
+class Progress:
+    """Prints a run's virtual minutes done and, at its rate so far, the wall time it still needs; at most once per
+    `every` wall seconds (machines of this kind differ 2× and more in speed, so a sweep's length is only known once
+    it runs)."""
+
+    def __init__(self, label: str, minutes: float, every: float, clock: Callable[[], float] = time.monotonic):
+        self.label, self.minutes, self.every, self.clock = label, minutes, every, clock
+        self.start = self.last = clock()
+
+    def __call__(self, done: float) -> None:
+        """Report `done` virtual minutes if `every` wall seconds have passed since the last report."""
+        now = self.clock()
+        if self.every <= 0 or now - self.last < self.every or done <= 0:
+            return
+        self.last = now
+        spent = now - self.start
+        left = spent * (self.minutes - done) / done
+        print(
+            f"[fedat compare --simulate] {self.label}: {done:.1f} of {self.minutes:g} virtual min after "
+            f"{_duration(spent)}; about {_duration(left)} to go at this rate",
+            flush=True,
+        )
+
+
+def run_one(
+    path: Path,
+    method: str,
+    seed: int,
+    minutes: float,
+    results: Path,
+    summaries: Path,
+    progress_every: float = PROGRESS_EVERY,
+) -> dict | None:
     """Simulate one (method, seed) of the comparison and file its record; return it (None: the sweep had stopped)."""
     if _stopped():
         return None  # queued before the sweep stopped: a run of a few virtual seconds would be no record at all
@@ -63,7 +107,8 @@ def run_one(path: Path, method: str, seed: int, minutes: float, results: Path, s
     tag = f"{name}-{method}-seed{seed}-{time.strftime('%H%M%S')}"
     # SIGTERM to this process ends the run early: its record is then the shorter run's (and counts only for that)
     terminated = stop_on_sigterm()
-    summary = simulate(exp, results, minutes, seed, tag=tag, stop=lambda: terminated() or _stopped())
+    progress = Progress(f"{method} seed {seed}", minutes, progress_every)
+    summary = simulate(exp, results, minutes, seed, tag=tag, stop=lambda: terminated() or _stopped(), progress=progress)
     rec = sweep.make_record(Path(summary["run_dir"]), name, method, methods.index(method), targets)
     _file(sweep.record_path(summaries, name, method, seed), rec)
     return rec
@@ -100,6 +145,7 @@ def compare_simulated(
     jobs: int = 2,
     virtual_minutes: float | None = None,
     methods_only: tuple[str, ...] = (),
+    progress_every: float = PROGRESS_EVERY,
 ) -> str:
     """Run the comparison's missing (method, seed) runs, `jobs` at a time; write and return its tables."""
     name, _, _, exps = load_comparison(path)
@@ -124,7 +170,9 @@ def compare_simulated(
     with ProcessPoolExecutor(
         jobs, mp_context=ctx, max_tasks_per_child=1, initializer=_pool_process, initargs=(stopping,)
     ) as pool:
-        futures = {pool.submit(run_one, path, m, s, minutes, results, summaries): (m, s) for m, s in todo}
+        futures = {
+            pool.submit(run_one, path, m, s, minutes, results, summaries, progress_every): (m, s) for m, s in todo
+        }
 
         received: list[int] = []
 
@@ -186,12 +234,26 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--methods", default="", help="comma-separated: only these methods")
     p.add_argument("--results", type=Path, default=Path("results"), help="run folders (not committed)")
     p.add_argument("--summaries", type=Path, default=Path("docs/summaries/sim"), help="one record per run (committed)")
+    p.add_argument(
+        "--progress-every",
+        type=float,
+        default=PROGRESS_EVERY,
+        metavar="SECONDS",
+        help=f"wall seconds between a run's progress lines (default {PROGRESS_EVERY:g}; 0: none)",
+    )
     args = p.parse_args(argv)
     seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else None
     only = tuple(m for m in args.methods.split(",") if m)
     try:
         md = compare_simulated(
-            args.comparison, args.results, args.summaries, seeds, args.jobs, args.virtual_minutes, only
+            args.comparison,
+            args.results,
+            args.summaries,
+            seeds,
+            args.jobs,
+            args.virtual_minutes,
+            only,
+            args.progress_every,
         )
     except (OSError, ValueError) as exc:
         sys.exit(f"fedat compare --simulate: {exc}")

@@ -58,13 +58,15 @@ def simulate(
     workers: int = 1,
     signed: bool = True,
     stop: Callable[[], bool] | None = None,
+    progress: Callable[[float], None] | None = None,
 ) -> dict:
     """Run `experiment` for `virtual_minutes` (default: its `minutes`) of virtual time; return its summary.
 
     `seed` replaces the experiment's `seed` setting (partition, model, client selection, delays) and seeds the
     clock's tie-breaking. `parts` replaces the experiment's data and model (tests use `fedat_sim.fakes`). If `stop()`
     turns true, the run ends at the next whole STOP_GRAIN of virtual time and its folder is that shorter run's:
-    everything up to then happened exactly as in the full run (the simulation is deterministic).
+    everything up to then happened exactly as in the full run (the simulation is deterministic). `progress` is
+    called with the virtual minutes done after every STOP_GRAIN.
     """
     exp = _experiment(experiment, seed)
     seed = int(exp.settings.get("seed", 0))
@@ -105,6 +107,8 @@ def simulate(
             end = clock.now + minutes * 60.0
             while clock.now < end:
                 clock.run(min(end, clock.now + STOP_GRAIN))
+                if progress is not None:
+                    progress((clock.now - state.started_at) / 60.0)
                 if stop is not None and stop() and clock.now < end:
                     minutes = (clock.now - state.started_at) / 60.0
                     describe(minutes)
