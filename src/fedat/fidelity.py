@@ -1,7 +1,7 @@
 """Real run against simulation: the same numbers read from two runs' `events.jsonl`, on a common time axis.
 
 Pure functions of the event lines the recorder writes (`fedat.recorder`): `global` lines carry `time`, `version`,
-`tier_counts` and `tier_weights`; `evaluation` lines carry `time` and `accuracy`. Times are seconds since the
+`tier_counts` and `tier_weights`; `evaluation` lines carry `time`, `version` and `accuracy`. Times are seconds since the
 profiling pass began, in both `fedat run` and `fedat simulate`. `aligned` moves a run's clock so that 0 is its first
 global model (version 1): then two runs whose profiling passes took different times are compared round for round.
 The fidelity test (tests/integration/test_fidelity.py) asserts tolerances on what `compare` returns.
@@ -27,8 +27,25 @@ def global_models(events: Sequence[dict]) -> list[dict]:
 
 
 def evaluations(events: Sequence[dict]) -> list[tuple[float, float]]:
-    """(time, accuracy) of every evaluation, in time order."""
-    return sorted((e["time"], e["accuracy"]) for e in events if e.get("event") == "evaluation")
+    """(time, accuracy) of every evaluation, in time order, each at the time its version was made.
+
+    An evaluator that falls behind scores a model after it was made (a real run on a loaded machine); the simulator
+    scores it at once. Either way the accuracy is that model's, so it belongs where the model appeared. A version
+    counts as made no later than any newer one: a real run's seed job can publish w0 after the first rounds have
+    merged (a cold TensorFlow start on a busy machine), yet w0 is the model the run started from. An evaluation
+    whose version has no `global` line keeps its own time.
+    """
+    made: dict[int, float] = {}
+    newer = float("inf")
+    for g in reversed(global_models(events)):
+        newer = min(newer, g["time"])
+        made[g["version"]] = newer
+    scored = sorted(
+        (made.get(e.get("version"), e["time"]), e.get("version", -1), e["accuracy"])
+        for e in events
+        if e.get("event") == "evaluation"
+    )
+    return [(t, a) for t, _, a in scored]
 
 
 def first_round_time(events: Sequence[dict]) -> float | None:

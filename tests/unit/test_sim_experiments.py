@@ -86,7 +86,9 @@ def test_every_experiment_file_and_every_comparison_method_is_listed():
 
 
 # A simulation whose clock stops advancing (rounds that close at one virtual instant, forever) must fail, not hang.
-@pytest.mark.timeout(60)
+# A guard against hanging only, not a speed target: the 500-client tier-size runs took 45-60 s on a slow machine
+# shared with two sweeps, so 60 s failed there; speed lives in `make bench`.
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("exp", EXPERIMENTS, ids=[e.name for e in EXPERIMENTS])
 def test_the_experiment_runs_under_the_simulator(exp: Experiment, tmp_path, no_plots):
     seconds = virtual_seconds(exp)
