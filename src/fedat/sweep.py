@@ -357,7 +357,8 @@ def at_budget(methods: Mapping[str, Sequence[dict]], minutes: float | None) -> t
 
 def render(root: Path, only: str | None = None, minutes: float | None = None) -> str:
     """Markdown tables of every comparison under `root` (or just `only`): at `minutes`, or else at every budget its
-    records ran (longest first; each table holds the records that reach it), with the comparison's targets."""
+    records ran (longest first; each table holds the records that reach it, and a budget only reused runs reach has
+    none), with the comparison's targets."""
     parts = []
     for comparison, every in load_records(root).items():
         if only is not None and comparison != only:
@@ -369,8 +370,8 @@ def render(root: Path, only: str | None = None, minutes: float | None = None) ->
         )
         for b in budgets:
             budget, methods = at_budget(every, b)
-            if not methods:
-                continue
+            if not methods or all(r.get("reused_from") for rs in methods.values() for r in rs):
+                continue  # nothing of this comparison's own reaches that far: the original's table has these runs
             first = next(iter(methods.values()))[0]
             reference = "fedat" if "fedat" in methods else next(iter(methods))
             ts = first.get("targets") or (0.70, 0.79, 0.85)

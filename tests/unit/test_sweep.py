@@ -162,6 +162,19 @@ def test_a_run_with_the_same_settings_and_seed_elsewhere_is_filed_again_not_reru
     assert "fedat-k10 seed 0 is main/fedat/seed-0" in table
 
 
+def test_a_budget_that_only_reused_runs_reach_gets_no_table_of_its_own(tmp_path):
+    root = tmp_path / "sums"
+    long = sweep.make_record(run_folder(tmp_path, 0, 0.8, [[1.0, 0.0]]), "main", "fedat", 0, [0.6])
+    save(root, long)
+    save(root, sweep.reused(long, "precision", "fedat", 0, [0.6]))  # 2 min, reused
+    own = sweep.make_record(run_folder(tmp_path, 1, 0.7, [[1.0, 0.0]]), "precision", "p3", 1, [0.6])
+    save(root, {**sweep.truncated(own, 1.0), "seed": 0})  # the comparison's own run, 1 min
+    md = sweep.render(root)
+    assert "### main (2 virtual min per run)" in md and "### precision (1 virtual min per run)" in md
+    assert "### precision (2 virtual min per run)" not in md  # it would hold the reused run alone
+    assert "| fedat | 0* |" in md.split("### precision (1 virtual min per run)")[1]
+
+
 def test_a_record_of_another_schema_is_refused_by_name(tmp_path):
     path = sweep.record_path(tmp_path, "cmp", "fedat", 0)
     path.parent.mkdir(parents=True)
