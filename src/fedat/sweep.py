@@ -363,15 +363,13 @@ def render(root: Path, only: str | None = None, minutes: float | None = None) ->
     for comparison, every in load_records(root).items():
         if only is not None and comparison != only:
             continue
-        budgets = (
-            [minutes]
-            if minutes is not None
-            else sorted({r["virtual_minutes"] for rs in every.values() for r in rs})[::-1]
-        )
+        # the budgets of the comparison's own runs: a longer run reused from another comparison is in that one's table
+        own = {r["virtual_minutes"] for rs in every.values() for r in rs if not r.get("reused_from")}
+        budgets = [minutes] if minutes is not None else sorted(own)[::-1]
         for b in budgets:
             budget, methods = at_budget(every, b)
-            if not methods or all(r.get("reused_from") for rs in methods.values() for r in rs):
-                continue  # nothing of this comparison's own reaches that far: the original's table has these runs
+            if not methods:
+                continue
             first = next(iter(methods.values()))[0]
             reference = "fedat" if "fedat" in methods else next(iter(methods))
             ts = first.get("targets") or (0.70, 0.79, 0.85)
