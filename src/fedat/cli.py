@@ -50,6 +50,12 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--into", type=Path, help="with --sweeps: rewrite this Markdown file's generated block")
     t.add_argument("--minutes", type=float, help="with --sweeps: tables at this virtual budget (longer runs are cut)")
     t.add_argument("--plots", type=Path, help="with --sweeps: write <comparison>-sim-accuracy-vs-time.png here")
+    t.add_argument(
+        "--experiments",
+        type=Path,
+        default=Path("experiments"),
+        help="with --sweeps: where <comparison>.yaml is; its budget is tabled even if every run went on past it",
+    )
     _provision_parser(sub)
     sm = sub.add_parser(
         "simulate",
@@ -112,7 +118,11 @@ def _tabulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
     if args.sweeps:
         from fedat import sweep
 
-        block = sweep.render(args.sweeps, minutes=args.minutes)
+        from fedat.compare_run import simulation_plan
+
+        files = {c: args.experiments / f"{c}.yaml" for c in sweep.load_records(args.sweeps)}
+        planned = {c: simulation_plan(f).virtual_minutes for c, f in files.items() if f.is_file()}
+        block = sweep.render(args.sweeps, minutes=args.minutes, planned=planned)
         if args.plots:
             from fedat.plots import plot_sweep
 

@@ -355,16 +355,21 @@ def at_budget(methods: Mapping[str, Sequence[dict]], minutes: float | None) -> t
     return budget, {m: rs for m, rs in out.items() if rs}
 
 
-def render(root: Path, only: str | None = None, minutes: float | None = None) -> str:
+def render(
+    root: Path, only: str | None = None, minutes: float | None = None, planned: Mapping[str, float] | None = None
+) -> str:
     """Markdown tables of every comparison under `root` (or just `only`): at `minutes`, or else at every budget its
-    records ran (longest first; each table holds the records that reach it, and a budget only reused runs reach has
-    none), with the comparison's targets."""
+    records ran and at its `planned` budget (longest first; each table holds the records that reach it, and a budget
+    only reused runs reach has none), with the comparison's targets."""
     parts = []
     for comparison, every in load_records(root).items():
         if only is not None and comparison != only:
             continue
         # the budgets of the comparison's own runs: a longer run reused from another comparison is in that one's table
         own = {r["virtual_minutes"] for rs in every.values() for r in rs if not r.get("reused_from")}
+        # the comparison file's budget stays a table once every run has gone on past it
+        plan = (planned or {}).get(comparison)
+        own |= {plan} if plan is not None and any(b >= plan for b in own) else set()
         budgets = [minutes] if minutes is not None else sorted(own)[::-1]
         for b in budgets:
             budget, methods = at_budget(every, b)

@@ -245,3 +245,16 @@ def test_a_record_names_the_processor_it_ran_on_with_its_widest_vector_unit(tmp_
     assert sweep.cpu_name("flags : avx512f avx2\n") == "unknown (avx512f)"
     rec = sweep.make_record(run_folder(tmp_path, 0, 0.5, [[1.0]]), "cmp", "fedat")
     assert rec["cpu"] and rec["cpu"] != "unknown (none)"
+
+
+def test_the_planned_budget_keeps_its_table_after_every_run_went_on_past_it(tmp_path):
+    root = tmp_path / "sums"
+    save(root, sweep.make_record(run_folder(tmp_path, 0, 0.8, [[0.5, 0.5]]), "cmp", "fedat", 0, [0.65]))
+    assert "(1 virtual min per run)" not in sweep.render(root)
+    md = sweep.render(root, planned={"cmp": 1.0, "other": 5.0})
+    # the 2-minute run's table first, then its first minute: only the evaluation at 60 s counts there
+    assert md.index("(2 virtual min per run)") < md.index("(1 virtual min per run)")
+    assert "| fedat | 0 | 0.600 |" in md.split("(1 virtual min per run)")[1]
+    assert "(5 virtual min" not in md
+    # a plan no run of the comparison's own reaches makes no table of its own
+    assert "(3 virtual min" not in sweep.render(root, planned={"cmp": 3.0})
