@@ -117,7 +117,6 @@ def _tabulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
     """`fedat tabulate DIR` or `fedat tabulate --sweeps DIR [--into FILE]`."""
     if args.sweeps:
         from fedat import sweep
-
         from fedat.compare_run import simulation_plan
 
         files = {c: args.experiments / f"{c}.yaml" for c in sweep.load_records(args.sweeps)}

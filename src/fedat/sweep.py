@@ -369,7 +369,8 @@ def render(
         own = {r["virtual_minutes"] for rs in every.values() for r in rs if not r.get("reused_from")}
         # the comparison file's budget stays a table once every run has gone on past it
         plan = (planned or {}).get(comparison)
-        own |= {plan} if plan is not None and any(b >= plan for b in own) else set()
+        if plan is not None and any(b >= plan for b in own):
+            own.add(plan)
         budgets = [minutes] if minutes is not None else sorted(own)[::-1]
         for b in budgets:
             budget, methods = at_budget(every, b)
