@@ -258,3 +258,17 @@ def test_the_planned_budget_keeps_its_table_after_every_run_went_on_past_it(tmp_
     assert "(5 virtual min" not in md
     # a plan no run of the comparison's own reaches makes no table of its own
     assert "(3 virtual min" not in sweep.render(root, planned={"cmp": 3.0})
+
+
+def test_the_paired_table_counts_the_pairs_that_ran_on_one_kind_of_processor(tmp_path):
+    root = tmp_path / "sums"
+    cpus = {("fedat", 0): "A (avx2)", ("fedat", 1): "A (avx2)", ("delta", 0): "A (avx2)", ("delta", 1): "B (avx512f)"}
+    for (method, seed), cpu in cpus.items():
+        rec = sweep.make_record(run_folder(tmp_path, seed, 0.8 if method == "fedat" else 0.7, [[1.0]]), "cmp", method)
+        save(root, {**rec, "cpu": cpu})
+    save(root, {**sweep.make_record(run_folder(tmp_path, 2, 0.71, [[1.0]]), "cmp", "delta"), "cpu": None})
+    save(root, {**sweep.make_record(run_folder(tmp_path, 2, 0.81, [[1.0]]), "cmp", "fedat"), "cpu": None})
+    md = sweep.render(root)
+    # seed 0 on one kind, seed 1 across kinds, seed 2 unrecorded: only seed 0 is known to share the arithmetic
+    assert "| delta | 0,1,2 | -0.100 ± 0.000 | -0.100 ± 0.000 | 0/3 | 1/3 |" in md
+    assert sweep.CPU_NOTE in md
