@@ -342,7 +342,6 @@ def paired_table(methods: Mapping[str, Sequence[dict]], reference: str) -> str:
             f"| {method} | {seeds} | {_pm(d_best, '+.3f')} | {_pm(d_tail, '+.3f')} | {won}/{len(pairs)} "
             f"| {same}/{len(pairs)} |"
         )
-    lines += ["", CPU_NOTE]
     return "\n".join(lines)
 
 
@@ -403,6 +402,8 @@ def render(
             ]
             if len(methods) > 1:
                 parts.append(paired_table(methods, reference))
+    if any(p.startswith("| method | seeds paired with") for p in parts):
+        parts.append(CPU_NOTE)  # once at the end: it explains every paired table
     return "\n\n".join(parts)
 
 
