@@ -378,6 +378,7 @@ def render(
     records ran and at its `planned` budget (longest first; each table holds the records that reach it, and a budget
     only reused runs reach has none), with the comparison's targets."""
     parts = []
+    paired = False
     for comparison, every in load_records(root).items():
         if only is not None and comparison != only:
             continue
@@ -402,7 +403,8 @@ def render(
             ]
             if len(methods) > 1:
                 parts.append(paired_table(methods, reference))
-    if any(p.startswith("| method | seeds paired with") for p in parts):
+                paired = True
+    if paired:
         parts.append(CPU_NOTE)  # once at the end: it explains every paired table
     return "\n\n".join(parts)
 
