@@ -30,8 +30,8 @@ from fedat_sim.clients import Parts, answer_at_not_before, simulated_worker
 from fedat_sim.clock import Clock
 from fedat_sim.memory import MemoryBroker
 from fedat_sim.shell import Process
-from fedat_worker import worker_main
-from fedat_worker.evaluator import Evaluator, EvaluatorConfig
+from fedat_worker import evaluator_main, worker_main
+from fedat_worker.evaluator import Evaluator
 from fedat_worker.worker import WorkerConfig
 
 # Services that keep a checkpoint (fedat.topology.STATEFUL) run with persistence on, as their processes do.
@@ -72,11 +72,8 @@ class System:
             service = simulated_worker(wcfg, parts, profiles, clock)
             # No prefetch limit: every client trains on its own (virtual) core.
             self._add(f"worker-{i}", service, self._broker_cfg("worker", 0), configure=answer_at_not_before)
-        evaluator = EvaluatorConfig(
-            every=config.get_int(self.env, "FEDAT_EVAL_EVERY", 5),
-            interval=config.get_float(self.env, "FEDAT_EVAL_INTERVAL", 0.0),
-        )
-        self._add("evaluator", Evaluator(evaluator, parts.clients, parts.trainer, clock), self._broker_cfg("evaluator"))
+        evaluator = Evaluator(evaluator_main.settings(self.env), parts.clients, parts.trainer, clock)
+        self._add("evaluator", evaluator, self._broker_cfg("evaluator"))
         agg = aggregator_main.settings(self.env)
         self._add("aggregator", Aggregator(agg.aggregator, agg.strategy), self._keyed(agg.broker, "aggregator"))
         bar = barrier_main.settings(self.env)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -14,21 +15,32 @@ from fedat.wire import Evaluation, GlobalModel, decode_model
 
 @dataclass(frozen=True)
 class EvaluatorConfig:
-    """How often to evaluate: every `every` versions (0: never by count) or `interval` seconds (0: never by time)."""
+    """How often to evaluate: every `every` versions (0: never by count) or `interval` seconds (0: never by time);
+    `grid`: by time on a fixed grid (the first version in each `interval`-long slot) instead of `interval` s after
+    the last scored version."""
 
     every: int = 5
     interval: float = 0.0
+    grid: bool = False
 
 
-def due(version: int, now: float, last: tuple[int, float] | None, every: int, interval: float) -> bool:
-    """Whether to score `version`: the first one seen, or `every` versions or `interval` s after the last scored."""
+def due(
+    version: int, now: float, last: tuple[int, float] | None, every: int, interval: float, grid: bool = False
+) -> bool:
+    """Whether to score `version`: the first one seen, or `every` versions or `interval` s after the last scored
+    (with `grid`, the first version of each later slot [k·interval, (k+1)·interval))."""
     if last is None:
         return True
     last_version, last_time = last
     if version <= last_version:
         return False
     by_count = every > 0 and version >= last_version + every
-    by_time = interval > 0 and now - last_time >= interval
+    # Anchored on the last scored version, the clock restarts at an arrival; a tier whose rounds take a little
+    # longer than `interval` then keeps being the one scored (phase-locking). A fixed grid does not restart.
+    if grid:
+        by_time = interval > 0 and math.floor(now / interval) > math.floor(last_time / interval)
+    else:
+        by_time = interval > 0 and now - last_time >= interval
     return by_count or by_time
 
 
@@ -59,7 +71,7 @@ class Evaluator(Reactive):
     def on_global(self, last, inbound: Inbound, now: float, held) -> tuple[tuple[int, float] | None, Effects]:
         """Evaluate when due and publish the scores."""
         g: GlobalModel = inbound.message
-        if not due(g.version, now, last, self.cfg.every, self.cfg.interval):
+        if not due(g.version, now, last, self.cfg.every, self.cfg.interval, self.cfg.grid):
             return last, done(inbound)
         started = self.clock()
         per_client = self.trainer.evaluate_per_client(decode_model(g.layers), self.tests)
