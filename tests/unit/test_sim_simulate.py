@@ -107,9 +107,9 @@ def test_a_tiny_logreg_experiment_runs_every_tier_and_learns_and_repeats_exactly
     assert (run / "events.jsonl").read_bytes() == (tmp_path / "b" / "events.jsonl").read_bytes()
 
 
-def _first_after_each_boundary(published: list[float], start: float, end: float, offset: float) -> list[float]:
-    """The first publication at or after each boundary 15·k − offset within (start, end]."""
-    out, k = [], int((start + offset) // 15) + 1
+def _first_after_each_boundary(published: list[float], end: float, offset: float) -> list[float]:
+    """The first publication at or after each boundary 15·k − offset within (0, end]."""
+    out, k = [], 1  # offset < 15: the first boundary is past 0
     while (b := 15 * k - offset) <= end:
         nxt = min((t for t in published if t >= b), default=None)
         if nxt is not None and nxt not in out:
@@ -126,4 +126,4 @@ def test_on_a_grid_the_simulated_evaluator_scores_the_first_version_of_each_15_s
     assert len(scored) >= 8
     # Event times count from the run's start, the evaluator's slots from its clock's zero: some offset between
     # the two makes the scores exactly the first publication after each boundary (one boundary sits at a score).
-    assert any(_first_after_each_boundary(published, 0.0, scored[-1], (-t + 0.0005) % 15) == scored for t in scored)
+    assert any(_first_after_each_boundary(published, scored[-1], (-t + 0.0005) % 15) == scored for t in scored)
