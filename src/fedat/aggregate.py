@@ -199,3 +199,17 @@ def tier_balance(counts: Sequence[int], arrived: int, exponent: float) -> float:
     m = float(reported.size)
     share = (reported.sum() / m) / t[arrived]
     return float(np.clip(share**exponent, 1.0 / m, m))
+
+
+def decayed_step(server_lr: float, merged: int, decay: float) -> float:
+    """fedat-delta's step η_T = server_lr / sqrt(1 + T / decay) after T merged tier rounds; decay 0 keeps it constant.
+
+    A full step early keeps fedat-delta's speed; shrinking it as rounds accumulate turns the late global model into a
+    running average of many tier rounds, so one round's clients no longer set it alone (the device regime's swings).
+    The inverse square root is SGD's classic schedule: the steps still sum to infinity, so learning never stops.
+    """
+    if merged < 0:
+        raise ValueError(f"decayed_step: merged rounds must be >= 0, got {merged}")
+    if not (np.isfinite(server_lr) and np.isfinite(decay)) or decay < 0:
+        raise ValueError(f"decayed_step: server_lr and decay must be finite, decay >= 0; got {server_lr}, {decay}")
+    return server_lr if decay == 0 else float(server_lr / np.sqrt(1.0 + merged / decay))

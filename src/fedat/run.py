@@ -88,7 +88,7 @@ SETTINGS = frozenset(
     deadline_factor delays device_factor dirichlet_alpha drift_fraction drop_window epochs eval_anchor eval_every
     eval_interval ewma_alpha group_sizes history learning_rate log_level max_message_bytes max_misses min_clients
     min_deadline model num_clients num_tiers partition precision prefetch profile_concurrency profile_deadline
-    profile_epochs prox_lambda retier_every samples_per_client seed server_lr staleness step_seconds
+    profile_epochs prox_lambda retier_every samples_per_client seed server_lr server_lr_decay staleness step_seconds
     straggler_fraction strategy tf_threads tier_balance tier_sizes tifl_credits time_scale unstable_clients""".split()
 )
 

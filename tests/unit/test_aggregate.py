@@ -11,6 +11,7 @@ from fedat.aggregate import (
     apply_buffer,
     constant_staleness,
     copies_average,
+    decayed_step,
     delta_step,
     fedasync_mix,
     fedat_tier_weights,
@@ -387,3 +388,28 @@ def test_tier_balance_rejects_bad_input():
         tier_balance([3, -1], 0, 1.0)
     with pytest.raises(ValueError, match="finite"):
         tier_balance([3, 1], 0, float("inf"))
+
+
+# --- fedat-delta: decayed_step ------------------------------------------------------------------------------------
+
+
+def test_decayed_step_hand_computed():
+    # η / sqrt(1 + T/τ): T = 0 gives η; T = 3τ halves it; T = 8τ gives a third
+    assert decayed_step(1.0, 0, 100.0) == 1.0
+    assert decayed_step(1.0, 300, 100.0) == pytest.approx(0.5)
+    assert decayed_step(0.6, 800, 100.0) == pytest.approx(0.2)
+
+
+def test_decayed_step_shrinks_with_rounds_and_decay_zero_keeps_it():
+    steps = [decayed_step(1.0, t, 50.0) for t in range(0, 2000, 100)]
+    assert all(a > b > 0 for a, b in zip(steps[:-1], steps[1:], strict=True))
+    assert decayed_step(0.7, 10**6, 0.0) == 0.7
+
+
+def test_decayed_step_rejects_bad_input():
+    with pytest.raises(ValueError, match="merged"):
+        decayed_step(1.0, -1, 10.0)
+    with pytest.raises(ValueError, match="decay"):
+        decayed_step(1.0, 5, -1.0)
+    with pytest.raises(ValueError, match="finite"):
+        decayed_step(float("nan"), 5, 10.0)

@@ -321,6 +321,7 @@ def test_settings_reach_the_strategies_that_use_them_and_are_ignored_by_the_rest
         "FEDAT_SERVER_LR": "0.5",
         "FEDAT_TIFL_CREDITS": "7",
         "FEDAT_TIER_BALANCE": "1",
+        "FEDAT_SERVER_LR_DECAY": "250",
         "FEDAT_HISTORY": "8",
     }
     assert strategy_from_env({**env, "FEDAT_STRATEGY": "fedasync"}) == FedAsync(
@@ -332,7 +333,7 @@ def test_settings_reach_the_strategies_that_use_them_and_are_ignored_by_the_rest
     assert strategy_from_env({**env, "FEDAT_STRATEGY": "tifl"}) == TiFL(credits=7)
     assert strategy_from_env({**env, "FEDAT_STRATEGY": "aso-fed"}) == ASOFed(concurrency=4)
     assert strategy_from_env({**env, "FEDAT_STRATEGY": "fedat-delta"}) == FedATDelta(
-        server_lr=0.5, staleness="hinge", balance=1.0, history=8
+        server_lr=0.5, staleness="hinge", balance=1.0, decay=250.0, history=8
     )
     assert strategy_from_env({**env, "FEDAT_STRATEGY": "fedat"}) == FEDAT
 
@@ -351,6 +352,8 @@ def test_settings_reach_the_strategies_that_use_them_and_are_ignored_by_the_rest
         ("FEDAT_SERVER_LR", "nan"),
         ("FEDAT_TIFL_CREDITS", "-1"),
         ("FEDAT_TIER_BALANCE", "-0.5"),
+        ("FEDAT_SERVER_LR_DECAY", "-1"),
+        ("FEDAT_SERVER_LR_DECAY", "inf"),
         ("FEDAT_HISTORY", "0"),
     ],
 )
@@ -411,6 +414,20 @@ def test_fedat_delta_balance_favours_the_rarer_tier():
     # balance 0 (the default): both step alike
     plain = delta(FedATDelta(), [f32(3, 3)], base, counts=counts, arrived=1)
     np.testing.assert_allclose(plain.tier_weights, [0.0, 1.0])
+
+
+def test_fedat_delta_step_decays_with_the_tier_rounds_merged():
+    # counts (20, 7, 3): T = 30 rounds merged; τ = 10: η = 1 / sqrt(1 + 3) = 0.5, a fresh round moves halfway
+    counts, g = (20, 7, 3), [f32(2, 2)]
+    out = delta(FedATDelta(decay=10.0), [f32(6, 0)], g, g=g, counts=counts, arrived=2)
+    np.testing.assert_allclose(out.tier_weights, [0.0, 0.0, 0.5])
+    np.testing.assert_allclose(out.model[0], [4.0, 1.0], rtol=1e-6)
+    # the same arrival with the step constant (decay 0) replaces the model
+    plain = delta(FedATDelta(), [f32(6, 0)], g, g=g, counts=counts, arrived=2)
+    np.testing.assert_array_equal(plain.model[0], f32(6, 0))
+    # an unknown base is mixed in with the decayed step too: a = min(1, 0.5 · s(3) = 0.25)
+    old = delta(FedATDelta(decay=10.0), [f32(6, 0)], None, staleness=3, g=g, counts=counts, arrived=2)
+    np.testing.assert_allclose(old.model[0], [3.0, 1.5], rtol=1e-6)
 
 
 def test_fedat_delta_unknown_base_falls_back_to_a_fedasync_mix():

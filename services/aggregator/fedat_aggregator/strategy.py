@@ -15,6 +15,7 @@ from fedat.aggregate import (
     accumulate_delta,
     apply_buffer,
     copies_average,
+    decayed_step,
     delta_step,
     fedasync_mix,
     fedat_tier_weights,
@@ -145,15 +146,17 @@ class FedATDelta(Basics):
     The paper's cross-tier merge re-averages every tier's latest model at each arrival, so stale tier models are
     mixed into every global version again, and its mirrored counts give the slowest tier's old model the largest
     weight. Here tier m's round model w_m, trained from global version b, moves the global model once, by its own
-    delta: w <- w + server_lr · c_m · s(staleness) · (w_m − w_b), s the staleness function and c_m =
-    `tier_balance(counts, m, balance)` (balance 0: c_m = 1; balance > 0 favours the tiers that report less). A fresh
-    arrival with server_lr 1 and c_m 1 makes the tier's model the global model, as FedAsync with α 1 would.
+    delta: w <- w + η_T · c_m · s(staleness) · (w_m − w_b), s the staleness function, c_m =
+    `tier_balance(counts, m, balance)` (balance 0: c_m = 1; balance > 0 favours the tiers that report less) and
+    η_T = `decayed_step(server_lr, T, decay)` after T tier rounds merged (decay 0: η = server_lr). A fresh
+    arrival with η 1 and c_m 1 makes the tier's model the global model, as FedAsync with α 1 would.
     """
 
     name: str = "fedat-delta"
     server_lr: float = 1.0
     staleness: str = "polynomial"
     balance: float = 0.0
+    decay: float = 0.0  # tier rounds over which the step shrinks (η_T = server_lr / sqrt(1 + T / decay)); 0: constant
     # Versions kept to find an arrival's base. With 5 tiers 10x apart in speed the slowest tier's base is some 15-20
     # versions old, so 32 leaves room; each kept version is a whole model in every checkpoint (twice FedBuff's 16).
     history: int = 32
@@ -163,18 +166,19 @@ class FedATDelta(Basics):
         return _each_tier_loops(busy)
 
     def merge_global(self, view: CrossTier) -> GlobalMerge:
-        """Step the global model by the arrival's delta from its base, scaled by server_lr · c_m · s(staleness).
+        """Step the global model by the arrival's delta from its base, scaled by η_T · c_m · s(staleness).
 
         No global model yet: the first arrival becomes it. An arrival whose base has left the history has no known
         delta; dropping it would silently lose a tier's round (the slowest tier's, most likely), so it is mixed in
-        FedAsync-style instead, w <- (1 − a) w + a w_m with a = min(1, server_lr · c_m · s): its staleness already
+        FedAsync-style instead, w <- (1 − a) w + a w_m with a = min(1, η_T · c_m · s): its staleness already
         keeps an old model's share small.
         """
         if view.global_model is None:
             return _seed_from_first(view)
         new = view.tier_models[view.arrived]
         s = STALENESS[self.staleness](view.staleness)
-        scale = self.server_lr * tier_balance(view.counts, view.arrived, self.balance) * s
+        step = decayed_step(self.server_lr, sum(view.counts), self.decay)
+        scale = step * tier_balance(view.counts, view.arrived, self.balance) * s
         w = np.zeros(len(view.tier_models))
         if view.base_model is None:
             w[view.arrived] = min(1.0, scale)
@@ -361,6 +365,7 @@ class Params:
     server_lr: float = 1.0  # FedBuff's and fedat-delta's η
     tifl_credits: int = 0  # TiFL's rounds per tier (0: no cap)
     tier_balance: float = 0.0  # fedat-delta's exponent of the tier-balance factor c_m
+    server_lr_decay: float = 0.0  # fedat-delta's step decay, in tier rounds (0: constant step)
     history: int | None = None  # versions kept for arrivals' bases (FedBuff, fedat-delta); None: the strategy's own
 
 
@@ -376,6 +381,7 @@ STRATEGIES: dict[str, Callable[[Params], Strategy]] = {
         server_lr=p.server_lr,
         staleness=p.staleness,
         balance=p.tier_balance,
+        decay=p.server_lr_decay,
         history=_history(p, FedATDelta.history),
     ),
     "tifl": lambda p: TiFL(credits=p.tifl_credits),
@@ -410,6 +416,7 @@ def params_from_env(env: Mapping[str, str]) -> Params:
         server_lr=config.get_float(env, "FEDAT_SERVER_LR", d.server_lr),
         tifl_credits=config.get_int(env, "FEDAT_TIFL_CREDITS", d.tifl_credits),
         tier_balance=config.get_float(env, "FEDAT_TIER_BALANCE", d.tier_balance),
+        server_lr_decay=config.get_float(env, "FEDAT_SERVER_LR_DECAY", d.server_lr_decay),
         history=config.get_int(env, "FEDAT_HISTORY", 0) if given else None,
     )
     # Every value is checked, whichever strategy runs: a typo in an unused one is still a typo.
@@ -421,6 +428,10 @@ def params_from_env(env: Mapping[str, str]) -> Params:
         (not 0.0 < p.server_lr < float("inf"), f"FEDAT_SERVER_LR={p.server_lr} must be a number > 0"),
         (p.tifl_credits < 0, f"FEDAT_TIFL_CREDITS={p.tifl_credits} must be >= 0 (0: no cap)"),
         (not 0.0 <= p.tier_balance < float("inf"), f"FEDAT_TIER_BALANCE={p.tier_balance} must be a number >= 0"),
+        (
+            not 0.0 <= p.server_lr_decay < float("inf"),
+            f"FEDAT_SERVER_LR_DECAY={p.server_lr_decay} must be a number >= 0 (0: constant step)",
+        ),
         (p.history is not None and p.history < 1, f"FEDAT_HISTORY={p.history} must be >= 1"),
     ]
     for bad, message in problems:
