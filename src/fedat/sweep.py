@@ -269,7 +269,8 @@ def seed_accuracy_table(methods: Mapping[str, Sequence[dict]], reference: str = 
     ref_var = mean_std(ref_vars)[0] if ref_vars else None
     lines = [
         "| method | seeds | best accuracy | last-quarter mean | last-quarter rise | norm. variance "
-        "| rounds per tier (mean) | tier weights (mean) | compute (min, all seeds; CPU, or wall if not recorded) |",
+        "| rounds per tier (mean) | tier weights (mean) "
+        "| compute (min, all seeds; CPU, or wall if not recorded; a cut run pro rata) |",
         "|---|---:|---:|---:|---:|---:|---|---|---:|",
     ]
     for method, recs in methods.items():
@@ -302,7 +303,10 @@ def seed_accuracy_table(methods: Mapping[str, Sequence[dict]], reference: str = 
 
 
 def _cost(rec: dict) -> float:
-    return rec["summary"].get("cpu_seconds") or rec["summary"].get("wall_seconds") or 0.0
+    """The run's CPU seconds (wall if not recorded); a record cut from a longer run gets its share by virtual time."""
+    whole = rec["summary"].get("cpu_seconds") or rec["summary"].get("wall_seconds") or 0.0
+    # The summary's times are the whole run's, so a 45-minute cut of a 108-minute run would claim all of it.
+    return whole * rec["virtual_minutes"] / rec.get("truncated_from", rec["virtual_minutes"])
 
 
 def _end(rec: dict) -> float:

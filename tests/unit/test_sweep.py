@@ -118,6 +118,12 @@ def test_the_first_minutes_of_a_longer_run_give_the_shorter_budgets_record(tmp_p
     assert (sm["best_accuracy"], sm["best_version"], sm["best_accuracy_variance"]) == (0.5, 1, 0.2)
     assert (sm["final_accuracy"], sm["tier_rounds"], sm["global_updates"], sm["bytes_up"]) == (0.4, [1, 1], 2, 3)
     assert cut["mean_tier_weights"] == [0.75, 0.25] and sweep.truncated(rec, 2.0) is rec
+    rec["summary"]["cpu_seconds"] = 1200.0  # the whole 2-minute run's; a 1-minute cut is charged half of it
+
+    def compute(r: dict) -> str:
+        return sweep.seed_accuracy_table({"fedat": [r]}).splitlines()[2].rsplit("|", 2)[1].strip()
+
+    assert (compute(sweep.truncated(rec, 1.0)), compute(rec)) == ("10", "20")
     with pytest.raises(ValueError, match="ran 2 min, not 3"):
         sweep.truncated(rec, 3.0)
     budget, methods = sweep.at_budget({"fedat": [rec, {**rec, "seed": 1, "virtual_minutes": 0.5}]}, None)
