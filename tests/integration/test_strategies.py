@@ -29,6 +29,26 @@ def small(strategy):
     return replace(strategy, **cuts)
 
 
+def two_versions(url: str, barrier: Barrier, aggregator: Aggregator, value) -> tuple[list[GlobalModel], int]:
+    """Run one tier of four clients until version 2, the test answering each task with `value(task)` everywhere:
+    the published versions after w0, and the number of answers sent."""
+    versions: list[GlobalModel] = []
+    answered = 0
+    with running(barrier, url, 1), running(aggregator, url, 1):
+        start_tier(url, (0, 1, 2, 3))
+        deadline = time.time() + 60
+        while (not versions or versions[-1].version < 2) and time.time() < deadline:
+            task = fetch(url, topology.train_queue(1), timeout=1.0)
+            if task is not None:
+                publish(url, topology.RESULTS, topology.tier_key(1), answer(task, value(task)), 1)
+                answered += 1
+            g = fetch(url, topology.RECORDER_GLOBAL, timeout=0.2)
+            while g is not None:
+                versions += [g] if g.version > 0 else []
+                g = fetch(url, topology.RECORDER_GLOBAL, timeout=0.2)
+    return versions, answered
+
+
 @pytest.mark.parametrize("name", sorted(STRATEGIES))
 def test_every_strategy_publishes_two_versions_from_real_rounds(vhost_url, name):
     strategy = small(build_strategy(name))
@@ -36,21 +56,7 @@ def test_every_strategy_publishes_two_versions_from_real_rounds(vhost_url, name)
     cfg = BarrierConfig(tiers=(1,), clients_per_round=per_round, min_clients=1, codec="raw", min_deadline=30.0)
     barrier = Barrier(cfg, strategy)
     aggregator = Aggregator(AggregatorConfig(num_tiers=1, codec="raw"), strategy)
-    with running(barrier, vhost_url, 1), running(aggregator, vhost_url, 1):
-        start_tier(vhost_url, (0, 1, 2, 3))
-        versions: list[GlobalModel] = []
-        answered = 0
-        deadline = time.time() + 60
-        while (not versions or versions[-1].version < 2) and time.time() < deadline:
-            task = fetch(vhost_url, topology.train_queue(1), timeout=1.0)
-            if task is not None:
-                publish(vhost_url, topology.RESULTS, topology.tier_key(1), answer(task, 1.0 + task.client), 1)
-                answered += 1
-            g = fetch(vhost_url, topology.RECORDER_GLOBAL, timeout=0.2)
-            while g is not None:
-                if g.version > 0:
-                    versions.append(g)
-                g = fetch(vhost_url, topology.RECORDER_GLOBAL, timeout=0.2)
+    versions, answered = two_versions(vhost_url, barrier, aggregator, lambda task: 1.0 + task.client)
     assert [g.version for g in versions][:2] == [1, 2], f"{name}: versions {[g.version for g in versions]}"
     merged = [pair for g in versions for pair in g.merged]
     assert merged and len(merged) == len(set(merged)), f"{name}: a round merged twice: {merged}"
@@ -64,18 +70,8 @@ def test_a_decayed_server_step_set_by_the_environment_reaches_the_published_glob
     s = aggregator_settings(env)
     assert s.strategy.decay == 1.0
     cfg = BarrierConfig(tiers=(1,), clients_per_round=2, min_clients=1, codec="raw", min_deadline=30.0)
-    versions: list[GlobalModel] = []
-    with running(Barrier(cfg, s.strategy), vhost_url, 1), running(Aggregator(s.aggregator, s.strategy), vhost_url, 1):
-        start_tier(vhost_url, (0, 1, 2, 3))
-        deadline = time.time() + 60
-        while (not versions or versions[-1].version < 2) and time.time() < deadline:
-            task = fetch(vhost_url, topology.train_queue(1), timeout=1.0)
-            if task is not None:  # every client returns 2.0, so every tier model is exactly 2.0
-                publish(vhost_url, topology.RESULTS, topology.tier_key(1), answer(task, 2.0), 1)
-            g = fetch(vhost_url, topology.RECORDER_GLOBAL, timeout=0.2)
-            while g is not None:
-                versions += [g] if g.version > 0 else []
-                g = fetch(vhost_url, topology.RECORDER_GLOBAL, timeout=0.2)
+    # every client returns 2.0, so every tier model is exactly 2.0
+    versions, _ = two_versions(vhost_url, Barrier(cfg, s.strategy), Aggregator(s.aggregator, s.strategy), lambda _: 2.0)
     assert [g.version for g in versions][:2] == [1, 2]
     # version 1: one round merged, η = 1/sqrt(2), from w0 = 0 toward 2.0 (a constant step would land on 2.0)
     np.testing.assert_allclose(versions[0].tier_weights, [2**-0.5], rtol=1e-6)
