@@ -13,6 +13,8 @@ import pytest
 
 from fedat.devbroker import PrivateBroker
 
+from .broker import wait_for
+
 pytestmark = pytest.mark.broker
 
 QUORUM = {"x-queue-type": "quorum"}
@@ -59,14 +61,16 @@ STREAM_RECOVERY_SECONDS = 30.0
 
 def read_stream(url: str, queue: str) -> list[bytes]:
     """Every message of a stream from its first offset, once the stream's member is back after a restart."""
-    deadline = time.monotonic() + STREAM_RECOVERY_SECONDS
-    while True:
+
+    def once() -> tuple[list[bytes]] | None:
         try:
-            return _read_stream_once(url, queue)
+            return (_read_stream_once(url, queue),)  # a tuple: an empty stream is an answer too
         except pika.exceptions.ChannelClosedByBroker as exc:
-            if exc.reply_code != 404 or "down or inaccessible" not in exc.reply_text or time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
+            if exc.reply_code == 404 and "down or inaccessible" in exc.reply_text:
+                return None
+            raise
+
+    return wait_for(once, STREAM_RECOVERY_SECONDS, f"stream {queue!r} to come back after the restart", every=0.5)[0]
 
 
 def _read_stream_once(url: str, queue: str) -> list[bytes]:
