@@ -43,29 +43,34 @@ run: setup broker data
 compare: setup broker data
 	$(PY) -m fedat.cli compare $(COMPARISON)
 
-# Unit tests are CPU-bound and independent: they run on every core. Integration tests run one at a time, alone,
-# since they time real services against their latency models. Both parts always run; either failing fails `test`.
-TEST_JOBS ?= $(shell n=$$(nproc); echo $$(( n < 4 ? n : 4 )))
+# Two parts, both always run; either failing fails `test`. First the tests marked `alone` (they train with TensorFlow
+# in real time or time real services against their windows), one at a time with nothing beside them. Then everything
+# else at once: the unit tests (CPU-bound) and the other integration tests (each on its own vhost or private node,
+# mostly waiting on the broker) on TEST_JOBS workers, the tests marked slow first; the image's tests share a worker.
+TEST_JOBS ?= $(shell n=$$(nproc); echo $$(( 2 * n < 8 ? 2 * n : 8 )))
 test: setup broker data prometheus
-	$(PY) -m pytest -p no:cacheprovider --durations=12 tests/integration; integration=$$?; \
-	$(PY) -m pytest -p no:cacheprovider --durations=12 -n $(TEST_JOBS) tests/unit; unit=$$?; \
-	exit $$(( integration || unit ))
+	$(PY) -m pytest -p no:cacheprovider --durations=12 -m alone tests/integration; alone=$$?; \
+	$(PY) -m pytest -p no:cacheprovider --durations=12 -m "not alone" -n $(TEST_JOBS) --dist loadgroup \
+		tests/integration tests/unit; rest=$$?; \
+	exit $$(( alone || rest ))
 
 test-unit: setup prometheus
-	$(PY) -m pytest -p no:cacheprovider -n $(TEST_JOBS) tests/unit
+	$(PY) -m pytest -p no:cacheprovider -n $(TEST_JOBS) --dist loadfile tests/unit
 
 bench: setup broker data
 	$(PY) bench/bench_codec.py
 	$(PY) bench/bench_trainer.py
 	$(PY) bench/bench_pipeline.py
 	$(PY) bench/bench_durability.py
+	$(PY) bench/bench_persistence.py
 	$(PY) bench/bench_scale.py
 	$(PY) bench/bench_sim.py
+	$(PY) bench/bench_clients.py
 
 # Fault injection on a private RabbitMQ node (never the shared one): SIGKILLs across every service, broker restarts,
 # then the invariants checked from the captured message streams, against an undisturbed run of the same length.
 chaos: setup broker data
-	$(PY) -m fedat.chaos --minutes $(CHAOS_MINUTES) --kills $(CHAOS_KILLS) --broker-restarts $(CHAOS_BROKER_RESTARTS)
+	$(PY) -m fedat.ops.chaos --minutes $(CHAOS_MINUTES) --kills $(CHAOS_KILLS) --broker-restarts $(CHAOS_BROKER_RESTARTS)
 
 # The smoke experiment observed by a local Prometheus (URL printed; alerts.json and its data in the run's folder).
 observe: setup broker data prometheus
@@ -76,13 +81,30 @@ observe: setup broker data prometheus
 images: setup
 	EXPORT=$(EXPORT) infra/images/build.sh $(IMAGES)
 
+# Release artifacts in results/release/<chart version>/ (infra/release.py): the chart packaged (linted strictly first),
+# both images as OCI archives (built with `make images EXPORT=1` when missing: as root), values-images.yaml pinning
+# them by digest, SHA256SUMS. IMAGES="" packages the chart alone.
+.PHONY: release
+release: setup
+	$(PY) infra/release.py --images "$(IMAGES)"
+
 # Vhost, per-role users, permissions and topology on a broker, over its management API (`fedat provision --help`).
 provision: setup broker
 	$(PY) -m fedat.cli provision $(ARGS)
 
 lint: setup
+	$(VENV)/bin/lint-imports --config .importlinter
 	$(VENV)/bin/ruff check src services tests bench
 	$(VENV)/bin/yamllint -c infra/helm/fedat/.yamllint infra/helm
 
 clean:
 	rm -rf $(VENV) results .pytest_cache
+
+# The digits example (examples/digits/README.md): the server side and real clients, the last 2 of them slow, for
+# DIGITS_MINUTES minutes, then which tier each client trained in and the federated accuracy.
+DIGITS_CLIENTS ?= 6
+DIGITS_MINUTES ?= 3
+.PHONY: example-digits
+example-digits: setup broker
+	$(PY) -m pip install -q -e 'examples/digits[split]'
+	$(PY) -m fedat_digits.demo --clients $(DIGITS_CLIENTS) --slow 2 --delay 3 --minutes $(DIGITS_MINUTES)

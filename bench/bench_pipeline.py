@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fedat import broker_admin, topology  # noqa: E402
-from fedat.wire import TierAssignment, TrainTask, Update, encode_model  # noqa: E402
+from fedat.ops import broker_admin  # noqa: E402
+from fedat.protocol import topology  # noqa: E402
+from fedat.protocol.wire import TierAssignment, TrainTask, Update, encode_model  # noqa: E402
 from tests.factories import seed  # noqa: E402
 from tests.integration.broker import fetch, fetch_n, publish, running  # noqa: E402
 
@@ -97,7 +98,7 @@ def fake_clients(url: str, payload, tiers: int, stop) -> None:
     """Answer every train task at once with the same CNN-sized update (a separate process)."""
     import pika
 
-    from fedat import wire
+    from fedat.protocol import wire
 
     conn = pika.BlockingConnection(pika.URLParameters(url))
     ch = conn.channel()
@@ -138,16 +139,16 @@ def aggregator_side(url: str, versions: int = 60, tiers: int = 5, per_round: int
 
     With `persist`, both save a checkpoint before each output leaves (as deployed); without, state is memory only.
     """
+    from fedat.fl.strategies import build_strategy
     from fedat_aggregator.aggregator import Aggregator, AggregatorConfig
     from fedat_aggregator.barrier import Barrier, BarrierConfig
-    from fedat_aggregator.strategy import STRATEGIES
 
     payload = cnn_layers(np.random.default_rng(1))
     cfg = BarrierConfig(
         tiers=tuple(range(1, tiers + 1)), clients_per_round=per_round, min_clients=per_round, min_deadline=60
     )
-    b = Barrier(cfg, STRATEGIES["fedat"])
-    a = Aggregator(AggregatorConfig(num_tiers=tiers), STRATEGIES["fedat"])
+    b = Barrier(cfg, build_strategy("fedat"))
+    a = Aggregator(AggregatorConfig(num_tiers=tiers), build_strategy("fedat"))
     stop = multiprocessing.Event()
     # The clients run in their own process, as they would in a deployment, so they do not share our GIL.
     clients = multiprocessing.Process(target=fake_clients, args=(url, payload, tiers, stop), daemon=True)

@@ -27,9 +27,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from fedat import topology  # noqa: E402
-from fedat.compare_run import load_comparison  # noqa: E402
-from fedat.run import Experiment, load_experiment  # noqa: E402
+from fedat.deploy.experiment import Experiment, load_experiment  # noqa: E402
+from fedat.lab.compare_run import load_comparison  # noqa: E402
+from fedat.protocol import topology  # noqa: E402
 
 MAIN = ROOT / "experiments" / "fmnist2-fedat.yaml"
 PROFILE_EPOCHS = "profile_epochs"
@@ -82,7 +82,7 @@ class TimedTrainer:
 
 def warm_parts(exp: Experiment):
     """The experiment's parts (data, model, trainer) with the train and score functions traced once."""
-    from fedat import config
+    from fedat.runtime import config
     from fedat_sim.clients import tensorflow_parts
     from fedat_worker.workload import workload_from_env
 
@@ -169,7 +169,7 @@ def _init_child() -> None:
 
 def short_run(exp: Experiment, cap_seconds: float) -> dict:
     """`simulate`'s wiring (System on a memory broker) run until its minutes or `cap_seconds` of real time."""
-    from fedat.recorder import RunState
+    from fedat.lab.recorder import RunState
     from fedat_sim.clock import Clock
     from fedat_sim.memory import MemoryBroker
     from fedat_sim.shell import ServiceDied

@@ -11,6 +11,11 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
+def pytest_collection_modifyitems(items):
+    """The tests marked slow first: dealt out last to several workers, a long test would run on alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def _broker_answers() -> bool:
     try:
         with socket.create_connection(("127.0.0.1", 5672), timeout=2):
@@ -24,7 +29,7 @@ def vhost_url():
     """AMQP URL of a vhost that exists only for this test (deleted afterwards, whatever happened)."""
     if not _broker_answers():
         pytest.fail("no RabbitMQ on 127.0.0.1:5672: run `make test`, which starts one (infra/ensure-broker.sh)")
-    from fedat import broker_admin
+    from fedat.ops import broker_admin
 
     name = f"fedat-test-{uuid.uuid4().hex[:8]}"
     url = broker_admin.create_vhost(name)

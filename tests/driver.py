@@ -7,7 +7,7 @@ saved one, as a SIGKILLed process restarted by Kubernetes would.
 
 from __future__ import annotations
 
-from fedat.service import Effects, Held, Inbound
+from fedat.protocol.service import Effects, Held, Inbound
 
 
 class Driver:
@@ -31,7 +31,8 @@ class Driver:
         """One delivery from `queue`; Reject propagates, as the transport would dead-letter it."""
         self.tag += 1
         inbound = Inbound(queue, msg, self.tag, redelivered, 0, now)
-        state, fx = self.service.subscriptions()[queue].handler(self.state, inbound, now, dict(self.held))
+        handler = self.service.subscriptions()[queue].handler_for(msg)
+        state, fx = handler(self.state, inbound, now, dict(self.held))
         self._apply(state, fx, inbound)
         return fx
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedat.wire import GlobalModel, TrainTask, Update, encode_model, seed_model
+from fedat.protocol.wire import GlobalModel, TrainTask, Update, encode_model, seed_model
 
 SHAPES = [(3, 2), (2,)]
 

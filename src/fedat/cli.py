@@ -1,5 +1,6 @@
 """The `fedat` command: `fedat run EXPERIMENT.yaml`, `fedat compare COMPARISON.yaml`, `fedat tabulate`,
-`fedat provision` (vhost, least-privilege users and topology through the management API)."""
+`fedat provision` (vhost, least-privilege users and topology through the management API), `fedat serve` (the server
+side for real clients), `fedat enroll` and `fedat revoke` (one real client's user, queues and folder)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from fedat.run import load_experiment, run
+from fedat.deploy.experiment import load_experiment
+from fedat.lab.run import run
 
 
 def _become(module: str, args: list[str]) -> None:
@@ -32,6 +34,14 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--results", type=Path, default=Path("results"))
     r.add_argument("--amqp-url", default=None, help="use this broker/vhost instead of a fresh local vhost")
     r.add_argument("--prometheus", action="store_true", help="scrape the run with a local Prometheus (alerts too)")
+    r.add_argument(
+        "--emulate-slowdown",
+        type=float,
+        default=1.0,
+        metavar="FACTOR",
+        help="plan as if training and evaluation took FACTOR times what the probe measured (a slower machine)",
+    )
+    r.add_argument("--plan-only", action="store_true", help="measure this machine, print the plan, start nothing")
     c = sub.add_parser("compare", help="run several methods with the same budget and seed, then tabulate")
     c.add_argument("comparison", type=Path)
     c.add_argument("--minutes", type=float, default=None, help="budget per method (default: the file's)")
@@ -47,9 +57,13 @@ def main(argv: list[str] | None = None) -> None:
     )
     t.add_argument("results_dir", type=Path, nargs="?", help="a `fedat compare` results folder")
     t.add_argument("--sweeps", type=Path, help="a folder of sweep records (docs/summaries/sim)")
-    t.add_argument("--into", type=Path, help="with --sweeps: rewrite this Markdown file's generated block")
-    t.add_argument("--minutes", type=float, help="with --sweeps: tables at this virtual budget (longer runs are cut)")
-    t.add_argument("--plots", type=Path, help="with --sweeps: write <comparison>-sim-accuracy-vs-time.png here")
+    t.add_argument(
+        "--into",
+        type=Path,
+        help="with --sweeps: rebuild the report at this file (docs/results.md): its generated blocks, and beside it "
+        "report/<comparison>.md, report/pipeline.md's tables and report/figures/",
+    )
+    t.add_argument("--minutes", type=float, help="with --sweeps, without --into: tables at this virtual budget")
     t.add_argument(
         "--experiments",
         type=Path,
@@ -57,12 +71,20 @@ def main(argv: list[str] | None = None) -> None:
         help="with --sweeps: where <comparison>.yaml is; its budget is tabled even if every run went on past it",
     )
     _provision_parser(sub)
+    _client_parsers(sub)
     sm = sub.add_parser(
         "simulate",
         help="run an experiment through the same services in virtual time (services/simulator)",
         add_help=False,
     )
     sm.add_argument("rest", nargs=argparse.REMAINDER)
+    # Deployment checks, each its own module (configured by FEDAT_* variables, as in the chart's hook Jobs).
+    becomes = {
+        "upgrade-check": ("fedat.deploy.upgrade_check", "refuse settings that the run's checkpoints do not fit"),
+        "release-test": ("fedat.deploy.release_test", "check a deployment end to end (broker, seed model, metrics)"),
+    }
+    for name, (_, text) in becomes.items():
+        sub.add_parser(name, help=text, add_help=False).add_argument("rest", nargs=argparse.REMAINDER)
     k = sub.add_parser("keys", help="write each role's keyring (JSON, mode 0600) derived from a deployment secret")
     k.add_argument("--secret-file", type=Path, required=True, help="the deployment secret, hex (>= 32 bytes)")
     k.add_argument("--out-dir", type=Path, required=True, help="one <role>.json per role is written here")
@@ -74,17 +96,29 @@ def main(argv: list[str] | None = None) -> None:
         _become("fedat_sim.compare", rest)
     if argv[:1] == ["simulate"]:
         _become("fedat_sim", argv[1:])
+    if argv[:1] and argv[0] in becomes:
+        _become(becomes[argv[0]][0], argv[1:])
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s: %(message)s")
     try:
         if args.command == "run":
-            from fedat.provision import ProvisionError
+            from fedat.deploy.provision import ProvisionError
 
             try:
                 exp = load_experiment(args.experiment)
-                run(exp, args.results, args.minutes, args.amqp_url, prometheus=args.prometheus)
+                run(
+                    exp,
+                    args.results,
+                    args.minutes,
+                    args.amqp_url,
+                    prometheus=args.prometheus,
+                    slowdown=args.emulate_slowdown,
+                    plan_only=args.plan_only,
+                )
             except ProvisionError as exc:
                 sys.exit(f"fedat run: could not provision the broker: {exc}")
+        elif args.command in ("enroll", "revoke", "serve"):
+            clients_command(args, p)
         elif args.command == "provision":
             provision_command(args, p)
         elif args.command == "keys":
@@ -92,7 +126,7 @@ def main(argv: list[str] | None = None) -> None:
         elif args.command == "tabulate":
             _tabulate(args, p)
         else:
-            from fedat.compare_run import compare
+            from fedat.lab.compare_run import compare
 
             compare(args.comparison, args.results, args.minutes)
     except KeyboardInterrupt:
@@ -101,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def keys_command(secret_file: Path, out_dir: Path, roles: list[str] | None) -> None:
     """Write `<role>.json` keyrings: give each role's pods only theirs (FEDAT_KEYRING_FILE), e.g. as a Secret."""
-    from fedat import signing
+    from fedat.protocol import signing
 
     secret = bytes.fromhex(secret_file.read_text().strip())
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -116,35 +150,33 @@ def keys_command(secret_file: Path, out_dir: Path, roles: list[str] | None) -> N
 def _tabulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """`fedat tabulate DIR` or `fedat tabulate --sweeps DIR [--into FILE]`."""
     if args.sweeps:
-        from fedat import sweep
-        from fedat.compare_run import simulation_plan
+        from fedat.lab import sweep
+        from fedat.lab.compare_run import simulation_plan
 
         files = {c: args.experiments / f"{c}.yaml" for c in sweep.load_records(args.sweeps)}
         planned = {c: simulation_plan(f).virtual_minutes for c, f in files.items() if f.is_file()}
-        block = sweep.render(args.sweeps, minutes=args.minutes, planned=planned)
-        if args.plots:
-            from fedat.plots import plot_sweep
+        if not args.into:
+            print(sweep.render(args.sweeps, minutes=args.minutes, planned=planned))
+            return
+        from fedat.lab import report
 
-            for comparison, methods in sweep.load_records(args.sweeps).items():
-                out = args.plots / f"{comparison}-sim-accuracy-vs-time.png"
-                plot_sweep(out, f"{comparison} (simulated)", methods)
-                print(f"{out}: {len(methods)} methods")
-        if args.into:
-            args.into.write_text(sweep.replace_block(args.into.read_text(), block))
-            print(f"{args.into}: generated block rewritten from {args.sweeps}")
-        else:
-            print(block)
+        # the chaos and scale summaries sit beside the sweep records' folder (docs/summaries)
+        built = report.generate(sweep.load_records(args.sweeps), args.into.name, planned, args.sweeps.parent)
+        changed = report.write(built, args.into.parent)
+        for path in changed:
+            print(f"{path}: rebuilt from {args.sweeps}")
+        print(f"{args.into}: {len(changed)} files changed")
         return
     if args.results_dir is None:
         parser.error("tabulate: give a results folder or --sweeps DIR")
-    from fedat.compare_run import tabulate
+    from fedat.lab.compare_run import tabulate
 
     print(tabulate(args.results_dir))
 
 
 def _provision_parser(sub) -> None:
     env = os.environ
-    from fedat.provision import DEFAULT_API_URL
+    from fedat.deploy.provision import DEFAULT_API_URL
 
     v = sub.add_parser(
         "provision",
@@ -189,7 +221,7 @@ def _provision_parser(sub) -> None:
 
 def provision_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """`fedat provision`: print what was created, updated or deleted (never a password)."""
-    from fedat.provision import ProvisionError
+    from fedat.deploy.provision import ProvisionError
 
     try:
         _provision(args, parser)
@@ -198,8 +230,8 @@ def provision_command(args: argparse.Namespace, parser: argparse.ArgumentParser)
 
 
 def _provision(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    from fedat import provision as prov
-    from fedat.roles import ROLES, SERVICE_ROLES
+    from fedat.deploy import provision as prov
+    from fedat.deploy.roles import ROLES, SERVICE_ROLES
 
     if not args.vhost:
         parser.error("provision: --vhost (or FEDAT_VHOST) is required")
@@ -250,6 +282,132 @@ def _provision(args: argparse.Namespace, parser: argparse.ArgumentParser) -> Non
     for role in wanted:
         print(f"role {role:10s} {prov.redact(urls[role])}", flush=True)
     print(f"credentials of {len(wanted)} users written to {args.credentials_out} (mode 0600)", flush=True)
+
+
+def _client_parsers(sub) -> None:
+    """`fedat serve`, `fedat enroll`, `fedat revoke`: real clients (docs/wire-format.md §11)."""
+    env = os.environ
+    s = sub.add_parser(
+        "serve",
+        help="run the server side for real clients on a fresh vhost, enroll N clients, follow the run until Ctrl-C",
+    )
+    s.add_argument("experiment", type=Path)
+    s.add_argument("--clients", type=int, default=0, help="enroll clients 0..N-1 into <results>/<run-id>/clients/")
+    s.add_argument("--results", type=Path, default=Path("results"))
+    s.add_argument("--minutes", type=float, default=None, help="stop after this many minutes (default: Ctrl-C)")
+    e = sub.add_parser(
+        "enroll",
+        help="enroll one real client: its broker user, its two queues, and the folder its site is handed",
+        description="Idempotent: enrolling again keeps the password and changes nothing. Management options also "
+        "come from the environment (in brackets), as for `fedat provision`.",
+    )
+    e.add_argument("client", type=int, help="the client's id, an integer >= 0")
+    _client_options(e, env)
+    e.add_argument("--out", type=Path, required=True, help="the folder to write (mode 0700): client.env and its files")
+    e.add_argument("--num-tiers", type=int, default=int(env.get("FEDAT_NUM_TIERS", "5")), help="[FEDAT_NUM_TIERS]")
+    e.add_argument(
+        "--amqp-host", default=env.get("FEDAT_AMQP_HOST"), help="[FEDAT_AMQP_HOST] host:port the client connects to"
+    )
+    e.add_argument(
+        "--tls-ca-file",
+        type=Path,
+        default=env.get("FEDAT_TLS_CA_FILE"),
+        help="[FEDAT_TLS_CA_FILE] the broker's CA: the client connects with amqps:// and is given a copy",
+    )
+    r = sub.add_parser(
+        "revoke",
+        help="revoke one real client: delete its user, close its connections, make the profiler refuse it",
+        description="Idempotent. Its queues stay (a task may still be routed there until the new tiers arrive) "
+        "unless --purge.",
+    )
+    r.add_argument("client", type=int, help="the client's id")
+    _client_options(r, env)
+    r.add_argument("--purge", action="store_true", help="delete the client's two queues too")
+
+
+def _client_options(parser: argparse.ArgumentParser, env) -> None:
+    """The management API, the vhost, the user prefix and the deployment secret, as `fedat provision` takes them."""
+    from fedat.deploy.provision import DEFAULT_API_URL
+
+    parser.add_argument(
+        "--api-url", default=env.get("FEDAT_MANAGEMENT_URL", DEFAULT_API_URL), help="[FEDAT_MANAGEMENT_URL]"
+    )
+    parser.add_argument("--admin-user", default=env.get("FEDAT_ADMIN_USER", "guest"), help="[FEDAT_ADMIN_USER]")
+    parser.add_argument(
+        "--admin-password-file",
+        type=Path,
+        default=env.get("FEDAT_ADMIN_PASSWORD_FILE"),
+        help="[FEDAT_ADMIN_PASSWORD_FILE]; or the password itself in FEDAT_ADMIN_PASSWORD (default guest)",
+    )
+    parser.add_argument("--vhost", default=env.get("FEDAT_VHOST"), help="[FEDAT_VHOST] (required)")
+    parser.add_argument(
+        "--user-prefix", default=env.get("FEDAT_USER_PREFIX"), help="[FEDAT_USER_PREFIX] default '<vhost>-'"
+    )
+    parser.add_argument(
+        "--secret-file",
+        type=Path,
+        default=env.get("FEDAT_SIGNING_SECRET_FILE"),
+        help="[FEDAT_SIGNING_SECRET_FILE] the deployment secret, hex (required): the client's key is derived from it",
+    )
+
+
+def clients_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """`fedat serve`, `fedat enroll`, `fedat revoke`: errors name what is wrong, passwords are never printed."""
+    from fedat.deploy.provision import ProvisionError
+    from fedat.errors import KeyringError
+
+    try:
+        if args.command == "serve":
+            from fedat.lab.serve import serve
+
+            if args.clients < 0:
+                parser.error("serve: --clients must be >= 0")
+            serve(load_experiment(args.experiment), args.results, args.clients, args.minutes)
+        else:
+            _enroll_or_revoke(args, parser)
+    except (ProvisionError, KeyringError, ValueError, OSError) as exc:
+        sys.exit(f"fedat {args.command} failed: {exc}")
+
+
+def _enroll_or_revoke(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    from fedat.deploy import enroll as enroll_mod
+    from fedat.protocol.signing import hex_secret
+
+    if not args.vhost:
+        parser.error(f"{args.command}: --vhost (or FEDAT_VHOST) is required")
+    if not args.secret_file:
+        parser.error(f"{args.command}: --secret-file (or FEDAT_SIGNING_SECRET_FILE) is required")
+    secret = hex_secret(Path(args.secret_file).read_text(), str(args.secret_file))
+    if args.admin_password_file:
+        admin_password = Path(args.admin_password_file).read_text().strip()
+    else:
+        admin_password = os.environ.get("FEDAT_ADMIN_PASSWORD", "guest")
+    management = (args.api_url, args.admin_user, admin_password)
+
+    def report(outcome: str, what: str) -> None:
+        if outcome != "unchanged":
+            print(f"{outcome:9s} {what}", flush=True)
+
+    if args.command == "revoke":
+        enroll_mod.revoke(
+            *management, args.vhost, args.client, secret, prefix=args.user_prefix, purge=args.purge, report=report
+        )
+        print(f"client {args.client} revoked on {args.vhost}", flush=True)
+        return
+    done = enroll_mod.enroll(
+        *management,
+        args.vhost,
+        args.client,
+        secret,
+        args.out,
+        num_tiers=args.num_tiers,
+        prefix=args.user_prefix,
+        amqp_host=args.amqp_host,
+        ca_file=args.tls_ca_file,
+        report=report,
+    )
+    print(f"client {done.client} enrolled as user {done.username}; hand over {done.folder}", flush=True)
+    print(f"start it there with: fedat-client --env {done.folder / enroll_mod.ENV_FILE}", flush=True)
 
 
 if __name__ == "__main__":

@@ -5,16 +5,19 @@ from __future__ import annotations
 import subprocess
 import threading
 import time
+import urllib.error
+import urllib.request
 from contextlib import contextmanager
 from urllib.parse import unquote, urlparse
 
 import pika
+import pika.exceptions as pe
 from prometheus_client import CollectorRegistry
 
-from fedat import topology, wire
-from fedat.bus import BrokerConfig, run_service
-from fedat.metrics import transport_metrics
-from fedat.tls import TlsConfig, ssl_options
+from fedat.protocol import topology, wire
+from fedat.runtime.bus import BrokerConfig, run_service
+from fedat.runtime.metrics import transport_metrics
+from fedat.runtime.tls import TlsConfig, ssl_options
 
 
 def vhost_of(url: str) -> str:
@@ -56,7 +59,7 @@ def publish(
     """Publish a message (or raw bytes) persistently with confirms; signed as its expected signer with a keyring."""
     body = msg if isinstance(msg, bytes) else wire.encode(msg)
     if keyring is not None:
-        from fedat import signing
+        from fedat.protocol import signing
 
         headers = {**(headers or {}), **signing.sign(keyring, msg, body)}
     with channel(url, num_tiers, tls) as ch:
@@ -77,6 +80,48 @@ def fetch(url: str, queue: str, timeout: float = 30.0, raw: bool = False, tls: T
         return None
     finally:
         conn.close()
+
+
+@contextmanager
+def tap(url: str, exchange: str, key: str = "", tls: TlsConfig | None = None):
+    """A private unbounded queue on `exchange` for the block: yields get(timeout) -> the next message or None.
+
+    The observers' queues are bounded (drop-head), so a test that reads slower than fast services publish would miss
+    messages there; a tap sees every one, in order.
+    """
+    conn = pika.BlockingConnection(parameters(url, tls))
+    try:
+        ch = conn.channel()
+        queue = ch.queue_declare("", exclusive=True, auto_delete=True).method.queue
+        ch.queue_bind(queue, exchange, key)
+
+        def get(timeout: float = 30.0):
+            deadline = time.time() + timeout
+            while time.time() < deadline:
+                method, _, body = ch.basic_get(queue, auto_ack=True)
+                if method is not None:
+                    return wire.decode(body)
+                conn.sleep(0.1)
+            return None
+
+        yield get
+    finally:
+        conn.close()
+
+
+def attempt(conn: pika.BlockingConnection, fn) -> tuple[int, str] | None:
+    """Run fn(channel) on a fresh confirm channel: None if the broker allowed it, (reply code, text) if it refused."""
+    ch = conn.channel()
+    ch.confirm_delivery()
+    try:
+        fn(ch)
+    except pe.ChannelClosedByBroker as exc:
+        return exc.reply_code, exc.reply_text
+    except pe.UnroutableError:
+        pass  # allowed, only nobody is bound to that key
+    if ch.is_open:
+        ch.close()
+    return None
 
 
 def fetch_n(url: str, queue: str, n: int, timeout: float = 30.0, tls: TlsConfig | None = None) -> list:
@@ -176,6 +221,17 @@ def running(
     finally:
         stop.set()
         t.join(timeout=10)
+
+
+def http_status(port: int, path: str) -> int:
+    """The HTTP status of GET 127.0.0.1:port/path (a service's /healthz, /readyz); 0 while nothing listens."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return 0
 
 
 def wait_for(predicate, timeout: float, what: str, every: float = 0.2):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.broker, pytest.mark.tf, pytest.mark.slow]
+pytestmark = [pytest.mark.broker, pytest.mark.tf, pytest.mark.slow, pytest.mark.alone]
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -21,7 +21,7 @@ def test_compare_runs_every_method_and_writes_both_tables(tmp_path):
             "compare",
             str(ROOT / "experiments" / "compare-smoke.yaml"),
             "--minutes",  # the tables' plumbing, not the accuracies, is under test: the shortest run that evaluates
-            "0.5",
+            "0.3",
             "--results",
             str(tmp_path),
         ],

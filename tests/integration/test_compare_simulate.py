@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedat import sweep
+from fedat.lab import sweep
 
 pytestmark = [pytest.mark.tf, pytest.mark.slow]
 

@@ -7,12 +7,13 @@ import time
 import numpy as np
 import pytest
 
-from fedat import checkpoint, topology
-from fedat.bus import BrokerStore
-from fedat.wire import GlobalModel, decode_model, encode
+from fedat.fl.strategies import build_strategy
+from fedat.protocol import checkpoint, topology
+from fedat.protocol.service import Inbound
+from fedat.protocol.wire import GlobalModel, TierModel, decode_model, encode, encode_model, seed_model
+from fedat.runtime.bus import BrokerStore
 from fedat_aggregator.aggregator import Aggregator, AggregatorConfig
 from fedat_aggregator.barrier import Barrier, BarrierConfig, Phase
-from fedat_aggregator.strategy import build_strategy
 from fedat_profiler.profiler import Profiler, ProfilerConfig, Stage
 
 from ..factories import answer
@@ -40,10 +41,11 @@ def versions_until(url: str, version: int) -> list[GlobalModel]:
     return out
 
 
-def saved_state(url: str, service):
-    """The service's state as its latest checkpoint holds it."""
-    with channel(url, 1) as ch:
-        return service.codec.decode(BrokerStore(service.name).load(ch).state)
+def saved_state(url: str, service, num_tiers: int = 1):
+    """The service's state as its latest checkpoint holds it (with the stored models it refers to)."""
+    with channel(url, num_tiers) as ch:
+        saved = BrokerStore(service.name).load(ch)
+        return service.codec.decode(saved.state, saved.models)
 
 
 def test_a_barrier_restarted_mid_round_keeps_the_round_and_merges_each_update_once(vhost_url):
@@ -132,7 +134,7 @@ def test_a_profiler_restarted_mid_profiling_does_not_start_over(vhost_url):
 def test_waiting_for_consumers_returns_once_a_worker_consumes_the_profiling_queue(vhost_url):
     import threading
 
-    from fedat.bus import BrokerConfig, wait_for_consumers
+    from fedat.runtime.bus import BrokerConfig, wait_for_consumers
 
     cfg = BrokerConfig(url=vhost_url, num_tiers=1)
     with channel(vhost_url, 1):
@@ -156,9 +158,9 @@ def test_a_one_shot_publish_outlasts_a_broker_that_is_not_back_yet(vhost_url, mo
     # the pipeline without w0.
     import pika.exceptions as pe
 
-    from fedat import bus
-    from fedat.service import Outgoing
-    from fedat.wire import seed_model
+    from fedat.protocol.service import Outgoing
+    from fedat.protocol.wire import seed_model
+    from fedat.runtime import bus
 
     real, attempts, sleeps = bus.connect, [], []
 
@@ -183,9 +185,9 @@ def test_a_one_shot_publish_outlasts_a_broker_that_is_not_back_yet(vhost_url, mo
 def test_a_one_shot_publish_gives_up_after_its_patience_and_never_retries_a_refusal(vhost_url):
     import pika.exceptions as pe
 
-    from fedat import bus
-    from fedat.service import Outgoing
-    from fedat.wire import seed_model
+    from fedat.protocol.service import Outgoing
+    from fedat.protocol.wire import seed_model
+    from fedat.runtime import bus
 
     w0 = [Outgoing(topology.GLOBAL, "", seed_model([np.ones(2, np.float32)], ["b"], 1, "raw", 4, 0.0))]
     sleeps: list[float] = []
@@ -197,3 +199,64 @@ def test_a_one_shot_publish_gives_up_after_its_patience_and_never_retries_a_refu
     with pytest.raises(bus.BrokerRefused, match="refused access"):
         bus.publish_once(wrong, w0, sleep=sleeps.append)
     assert sleeps == []
+
+
+def test_a_killed_aggregator_restores_its_journalled_state_and_makes_the_same_versions(vhost_url):
+    """FedBuff's state (history, buffer) lives in a snapshot and a journal of entries; a process that dies mid-journal
+    is restored from both and makes exactly the versions an undisturbed one makes."""
+    rng = np.random.default_rng(0)
+    shapes, names = [(40, 30), (30,)], ["w", "b"]
+    w0 = [rng.normal(0, 0.05, s).astype(np.float32) for s in shapes]
+    models = [[(w + rng.normal(0, 0.01, w.shape)).astype(np.float32) for w in w0] for _ in range(24)]
+    tms = [
+        TierModel(f"tm1-r{k}", 1, k, max(0, (k - 1) // 2 - 1), 10, (k,), 0, 0, 0, 0.0, encode_model(m, names, "raw"))
+        for k, m in enumerate(models, start=1)
+    ]
+
+    def fedbuff() -> Aggregator:
+        return Aggregator(AggregatorConfig(num_tiers=1, codec="raw"), build_strategy("fedbuff", buffer_size=2))
+
+    twin, expected = fedbuff(), {}
+    g0 = seed_model(w0, names, 1, "raw", 4, 0.0)
+    state, _ = twin.on_global(twin.initial(), Inbound("q", g0, 0, False, 0, 0.0), 0.0, {})
+    for tm in tms:
+        state, fx = twin.on_tier_model(state, Inbound("q", tm, 0, False, 0, 0.0), 0.0, {})
+        expected.update({o.message.id: o.message.layers for o in fx.publish})
+
+    publish(vhost_url, topology.GLOBAL, "", g0, 1)
+    with running(fedbuff(), vhost_url, 1, prefetch=1):
+        for tm in tms[:15]:
+            publish(vhost_url, topology.TIER_MODELS, "", tm, 1)
+        got = versions_until(vhost_url, 7)
+    with channel(vhost_url, 1) as ch:  # the process is gone: a snapshot and the entries since are what is left
+        journalled = ch.queue_declare(topology.journal_queue("aggregator"), passive=True).method.message_count
+    assert journalled > 0
+    with running(fedbuff(), vhost_url, 1, prefetch=1):
+        for tm in tms[15:]:
+            publish(vhost_url, topology.TIER_MODELS, "", tm, 1)
+        got += versions_until(vhost_url, 12)
+    got = [g for g in got if g.version > 0]  # the seed's
+    assert {g.id for g in got} == set(expected)
+    assert all(g.layers == expected[g.id] for g in got)  # a re-sent version is the same version
+
+
+def test_the_chaos_tool_counts_tier_models_in_fedbuff_s_buffer_as_in_flight(vhost_url):
+    """Absorbed tier models are acked and kept in the aggregator's (journalled) state until the buffer steps: the
+    chaos tool reads them from the aggregator's latest checkpoint, as the deterministic sweep does."""
+    from fedat.ops.chaos.disturb import absorbed
+
+    rng = np.random.default_rng(1)
+    w0 = [rng.normal(0, 0.05, (40, 30)).astype(np.float32)]
+    a = Aggregator(AggregatorConfig(num_tiers=1, codec="raw"), build_strategy("fedbuff", buffer_size=10))
+    publish(vhost_url, topology.GLOBAL, "", seed_model(w0, ["w"], 1, "raw", 4, 0.0), 1)  # declares the topology
+    assert absorbed(vhost_url) == []  # no checkpoint yet
+    with running(a, vhost_url, 1, prefetch=1) as metrics:
+        for k in range(1, 14):
+            m = [(w0[0] + rng.normal(0, 0.01, w0[0].shape)).astype(np.float32)]
+            tm = TierModel(f"tm1-r{k}", 1, k, 0, 10, (k,), 0, 0, 0, 0.0, encode_model(m, ["w"], "raw"))
+            publish(vhost_url, topology.TIER_MODELS, "", tm, 1)
+        consumed = metrics.consumed.labels(topology.AGGREGATOR_TIER_MODELS, "ok")
+        deadline = time.time() + 30
+        while consumed._value.get() < 13 and time.time() < deadline:
+            time.sleep(0.1)
+    assert absorbed(vhost_url) == [f"tm1-r{k}" for k in range(11, 14)]  # ten stepped into g1, three wait

@@ -43,10 +43,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedat import fidelity
-from fedat.run import load_experiment, run
+from fedat.deploy.experiment import load_experiment
+from fedat.lab import fidelity
+from fedat.lab.run import run
 
-pytestmark = [pytest.mark.broker, pytest.mark.tf, pytest.mark.slow]
+pytestmark = [pytest.mark.broker, pytest.mark.tf, pytest.mark.slow, pytest.mark.alone]
 
 FMNIST = Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
 MINUTES = 1.5

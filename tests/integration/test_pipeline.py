@@ -7,12 +7,12 @@ import time
 import numpy as np
 import pytest
 
-from fedat import topology
-from fedat.tiering import tier_of
-from fedat.wire import RoundReport, TierAssignment, Update, decode_model, encode_model
+from fedat.fl.strategies import build_strategy
+from fedat.fl.tiering import tier_of
+from fedat.protocol import topology
+from fedat.protocol.wire import RoundReport, TierAssignment, Update, decode_model, encode_model
 from fedat_aggregator.aggregator import Aggregator, AggregatorConfig
 from fedat_aggregator.barrier import Barrier, BarrierConfig
-from fedat_aggregator.strategy import build_strategy
 from fedat_profiler.profiler import Profiler, ProfilerConfig
 
 from ..factories import SHAPES, answer, seed
@@ -202,8 +202,8 @@ def test_a_refused_login_stops_the_service_with_a_clear_error_instead_of_retryin
 
     from prometheus_client import CollectorRegistry
 
-    from fedat.bus import BrokerConfig, BrokerRefused, run_service
-    from fedat.metrics import transport_metrics
+    from fedat.runtime.bus import BrokerConfig, BrokerRefused, run_service
+    from fedat.runtime.metrics import transport_metrics
 
     wrong = vhost_url.replace("guest:guest@", "guest:not-the-password@")
     cfg = BrokerConfig(url=wrong, num_tiers=1)

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 from urllib.parse import quote
 
 import pika
-import pika.exceptions as pe
 import pytest
 
-from fedat import topology as t
-from fedat.provision import ManagementApi, ProvisionError, deprovision, provision
-from fedat.roles import SERVICE_ROLES, roles
+from fedat.deploy.provision import ManagementApi, ProvisionError, deprovision, provision
+from fedat.deploy.roles import SERVICE_ROLES, roles
+from fedat.protocol import topology as t
+
+from .broker import attempt
 
 pytestmark = pytest.mark.broker
 
@@ -67,21 +68,6 @@ def deployment():
 
 
 # --- helpers ------------------------------------------------------------------------------------------------------
-
-
-def attempt(conn: pika.BlockingConnection, fn) -> tuple[int, str] | None:
-    """Run fn(channel) on a fresh confirm channel: None if it worked, (reply code, text) if the broker closed it."""
-    ch = conn.channel()
-    ch.confirm_delivery()
-    try:
-        fn(ch)
-    except pe.ChannelClosedByBroker as exc:
-        return exc.reply_code, exc.reply_text
-    except pe.UnroutableError:
-        pass  # allowed, only nobody is bound to that key
-    if ch.is_open:
-        ch.close()
-    return None
 
 
 def publish(exchange: str, key: str = ""):

@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from fedat import signing, topology, wire
-from fedat.wire import GlobalModel
+from fedat.protocol import signing, topology, wire
+from fedat.protocol.wire import GlobalModel
 
 from ..factories import answer
 from .broker import fetch, fetch_n, publish, running

@@ -8,12 +8,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from fedat import topology
-from fedat.wire import GlobalModel, decode_model
+from fedat.fl.strategies import STRATEGIES, build_strategy
+from fedat.protocol import topology
+from fedat.protocol.wire import GlobalModel, decode_model
 from fedat_aggregator.aggregator import Aggregator, AggregatorConfig
 from fedat_aggregator.aggregator_main import settings as aggregator_settings
 from fedat_aggregator.barrier import Barrier, BarrierConfig
-from fedat_aggregator.strategy import STRATEGIES, build_strategy
 
 from ..factories import answer
 from .broker import fetch, publish, running
@@ -68,7 +68,7 @@ def test_a_decayed_server_step_set_by_the_environment_reaches_the_published_glob
     env = {"FEDAT_STRATEGY": "fedat-delta", "FEDAT_SERVER_LR_DECAY": "1", "FEDAT_NUM_TIERS": "1", "FEDAT_CODEC": "raw"}
     env["FEDAT_SIGNING"] = "off"  # as the other strategy tests, an unsigned development vhost
     s = aggregator_settings(env)
-    assert s.strategy.decay == 1.0
+    assert s.strategy.server_lr_decay == 1.0
     cfg = BarrierConfig(tiers=(1,), clients_per_round=2, min_clients=1, codec="raw", min_deadline=30.0)
     # every client returns 2.0, so every tier model is exactly 2.0
     versions, _ = two_versions(vhost_url, Barrier(cfg, s.strategy), Aggregator(s.aggregator, s.strategy), lambda _: 2.0)

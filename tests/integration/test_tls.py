@@ -8,10 +8,10 @@ import numpy as np
 import pika
 import pytest
 
-from fedat import topology
-from fedat.devbroker import PrivateBroker, make_certificates
-from fedat.tls import TlsConfig
-from fedat.wire import TierAssignment, decode_model
+from fedat.ops.devbroker import PrivateBroker, make_certificates
+from fedat.protocol import topology
+from fedat.protocol.wire import TierAssignment, decode_model
+from fedat.runtime.tls import TlsConfig
 
 from ..factories import SHAPES, answer, seed
 from .broker import fetch, fetch_n, parameters, publish, running

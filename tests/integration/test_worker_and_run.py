@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from fedat import topology
-from fedat.signing import Keyring
+from fedat.protocol import topology
+from fedat.protocol.signing import Keyring
 
 from .broker import fetch, queue_counts, running, wait_for
 from .test_pipeline import aggregator, barrier, start_tier
 
-pytestmark = [pytest.mark.broker, pytest.mark.tf, pytest.mark.slow]
+pytestmark = [pytest.mark.broker, pytest.mark.tf, pytest.mark.slow, pytest.mark.alone]
 ROOT = Path(__file__).resolve().parents[2]
 
 

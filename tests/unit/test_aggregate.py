@@ -1,11 +1,11 @@
-"""Tests for fedat.aggregate: averaging, FedAT cross-tier weights, staleness and asynchronous server steps."""
+"""Tests for fedat.fl.aggregate: averaging, FedAT cross-tier weights, staleness and asynchronous server steps."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from fedat.aggregate import (
+from fedat.fl.aggregate import (
     STALENESS,
     accumulate_delta,
     apply_buffer,

@@ -5,12 +5,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedat import topology
-from fedat.service import Inbound, Reject
-from fedat.tiering import tier_of
-from fedat.wire import GlobalModel, RoundReport, TierModel, TrainTask, Update, decode_model, encode_model, seed_model
+from fedat.fl.strategies import FedBuff, build_strategy
+from fedat.fl.tiering import tier_of
+from fedat.protocol import topology
+from fedat.protocol.service import Inbound, Reject
+from fedat.protocol.wire import (
+    GlobalModel,
+    RoundReport,
+    TierModel,
+    TrainTask,
+    Update,
+    decode_model,
+    encode_model,
+    seed_model,
+)
 from fedat_aggregator.aggregator import Aggregator, AggregatorConfig
-from fedat_aggregator.strategy import FedBuff, build_strategy
 from fedat_profiler.profiler import Profiler, ProfilerConfig
 
 from ..driver import Driver

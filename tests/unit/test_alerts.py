@@ -5,6 +5,7 @@ and the per-tier throughput plot of a run."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -13,11 +14,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedat import observe
+from fedat.deploy.vhost import Vhost
+from fedat.ops import observe
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "infra" / "prometheus" / "alerts.yaml"
 RULE_TESTS = ROOT / "infra" / "prometheus" / "alerts.test.yaml"
+RUNBOOKS = ROOT / "docs" / "runbooks.md"
 DASHBOARD = ROOT / "infra" / "grafana" / "fedat.json"
 BUILDER = ROOT / "infra" / "grafana" / "build_dashboard.py"
 PROMTOOL = shutil.which("promtool")
@@ -61,12 +64,69 @@ def test_every_alert_is_tested_firing_and_not_firing():
         assert cases.get(alert["alert"]) == {"fires", "quiet"}, f"{alert['alert']}: {cases.get(alert['alert'])}"
 
 
+def test_no_alert_needs_a_worker_to_stay_quiet():
+    # real clients: the clients are processes at their sites, so the server side is scraped without any worker or
+    # evaluator; one promtool case runs it healthy (waiting for its first client) and every alert must be checked
+    # quiet there, so that a new alert cannot page such a deployment for lacking what it never has
+    [case] = [t for t in yaml.safe_load(RULE_TESTS.read_text())["tests"] if "server side alone, healthy" in t["name"]]
+    jobs = {re.search(r'job="([^"]+)"', s["series"])[1] for s in case["input_series"]}
+    assert {"fedat-collector", "fedat-aggregator"} <= jobs and not {"fedat-worker", "fedat-evaluator"} & jobs
+    quiet = {c["alertname"] for c in case["alert_rule_test"] if c["exp_alerts"] == []}
+    assert quiet == {a["alert"] for a in alerts()}
+    assert all(c["exp_alerts"] == [] for c in case["alert_rule_test"])
+
+
 def test_every_alert_has_a_severity_a_summary_and_a_description():
     names = [a["alert"] for a in alerts()]
     assert len(names) == len(set(names)) >= 10
     for a in alerts():
         assert a["labels"]["severity"] in {"critical", "warning", "info"}, a["alert"]
         assert a["annotations"]["summary"] and a["annotations"]["description"], a["alert"]
+
+
+def runbook_sections() -> dict[str, str]:
+    """anchor -> text of each `## Name` section of docs/runbooks.md (anchors as GitHub-style renderers make them)."""
+    text = RUNBOOKS.read_text()
+    parts = re.split(r"^## (\S+)\n", text, flags=re.M)
+    return {name.lower(): body for name, body in zip(parts[1::2], parts[2::2], strict=True)}
+
+
+def test_every_alert_links_its_runbook_section_and_the_dashboard():
+    sections = runbook_sections()
+    uid = json.loads(DASHBOARD.read_text())["uid"]
+    for a in alerts():
+        ann = a["annotations"]
+        anchor = a["alert"].lower()
+        assert ann["runbook_url"] == f"docs/runbooks.md#{anchor}", a["alert"]
+        assert ann["dashboard_url"].startswith(f"/d/{uid}/"), a["alert"]
+        body = sections.get(anchor)
+        assert body, f"docs/runbooks.md has no section for {a['alert']}"
+        # what it means, what to check, what to do
+        for part in ("**Means:**", "**Check:**", "**Do:**"):
+            assert part in body, (a["alert"], part)
+    assert set(sections) == {a["alert"].lower() for a in alerts()}  # and no section for an alert that is gone
+
+
+def test_pages_are_per_service_or_release_never_per_pod():
+    for a in alerts():
+        if a["labels"]["severity"] != "critical":
+            continue
+        expr = a["expr"]
+        # a critical alert aggregates (by namespace/job) or reads a per-job recording rule; the one stateful
+        # per-instance page (checkpoints) concerns singletons only, which save state
+        per_pod = "instance" in expr and "fedat_state_saves_total" not in expr
+        assert not per_pod or "sum by (namespace)" in expr, a["alert"]
+
+
+def test_every_aggregation_keeps_the_namespace():
+    for name, expr in ((r.get("alert") or r["record"], r["expr"]) for r in rules()):
+        for clause in re.findall(r"\b(by|on)\s*\(([^)]*)\)", expr):
+            kind, labels = clause
+            if labels.strip() == "":  # on (): matching against one global series on purpose
+                continue
+            assert "namespace" in labels, (name, kind, labels)
+        for labels in re.findall(r"\bwithout\s*\(([^)]*)\)", expr):
+            assert "namespace" not in labels, (name, labels)
 
 
 def test_no_rule_or_panel_groups_by_client():
@@ -89,8 +149,12 @@ def test_dashboard_shape():
     variables = {v["name"]: v for v in d["templating"]["list"]}
     assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
     tier = variables["tier"]
-    assert tier["definition"] == "label_values(fedat_tier_rounds_closed_total, tier)"
+    assert tier["definition"] == 'label_values(fedat_tier_rounds_closed_total{namespace=~"$namespace"}, tier)'
     assert tier["multi"] and tier["includeAll"]
+    # one release at a time: a single namespace, no "All" that would mix releases
+    ns = variables["namespace"]
+    assert ns["definition"] == "label_values(fedat_broker_connected, namespace)"
+    assert not ns["multi"] and not ns["includeAll"]
     rows = [p["title"] for p in d["panels"] if p["type"] == "row"]
     assert [r.split(" (")[0] for r in rows] == [
         "Throughput per tier",
@@ -115,6 +179,16 @@ def test_dashboard_shape():
                 cells.add((x, y))
 
 
+def test_every_fedat_selector_is_scoped_to_the_namespace():
+    seen = 0
+    for p in dashboard_panels():
+        for t in p["targets"]:
+            for m in re.finditer(r"(?<![\w:])(fedat_[a-z0-9_]+)(\{[^}]*\})?", t["expr"]):
+                seen += 1
+                assert 'namespace=~"$namespace"' in (m[2] or ""), (p["title"], m[0])
+    assert seen >= 45
+
+
 def test_dashboard_covers_every_metric_a_user_needs():
     exprs = " ".join(t["expr"] for p in dashboard_panels() for t in p["targets"])
     for metric in (
@@ -126,6 +200,7 @@ def test_dashboard_covers_every_metric_a_user_needs():
         "fedat_client_updates_late_total",
         "fedat_tier_round_reissues_total",
         "fedat_tier_weight_ratio",
+        "fedat_client_membership_total",
         "fedat_tier_model_staleness_versions_bucket",
         "fedat_global_model_version",
         "fedat_global_model_created_timestamp_seconds",
@@ -146,7 +221,7 @@ def test_dashboard_covers_every_metric_a_user_needs():
 
 
 def test_local_targets_follow_the_ports_fedat_run_assigns():
-    from fedat.run import metrics_ports
+    from fedat.deploy.launch import metrics_ports
 
     names = ["worker-0", "worker-1", "worker-2", "evaluator", "aggregator", "barrier", "profiler"]
     ports = metrics_ports(names)
@@ -157,15 +232,12 @@ def test_local_targets_follow_the_ports_fedat_run_assigns():
         assert jobs[f"fedat-{n}"] == [f"127.0.0.1:{ports[n]}"]
 
 
-class _Broker:
-    def __init__(self, vhost, given):
-        self.vhost, self.given = vhost, given
-
-
 def test_vhost_of_a_run():
-    assert observe.vhost_of(_Broker("fedat-run-1", None)) == "fedat-run-1"
-    assert observe.vhost_of(_Broker(None, "amqp://u:p@h:5672/my%2Fvhost")) == "my/vhost"
-    assert observe.vhost_of(_Broker(None, "amqp://u:p@h:5672")) == "/"
+    provisioned = Vhost(None, 5)
+    provisioned.name = "fedat-run-1"  # what open() names a vhost it provisions
+    assert observe.vhost_of(provisioned) == "fedat-run-1"
+    assert observe.vhost_of(Vhost("amqp://u:p@h:5672/my%2Fvhost", 5)) == "my/vhost"
+    assert observe.vhost_of(Vhost("amqp://u:p@h:5672", 5)) == "/"
     assert observe.vhost_of(None) is None
 
 
@@ -204,7 +276,7 @@ def synthetic_events() -> list[dict]:
 
 
 def test_updates_per_tier_from_events():
-    from fedat.plots import updates_per_tier
+    from fedat.lab.plots import updates_per_tier
 
     times, per_tier = updates_per_tier(synthetic_events())
     assert times == [1.0, 2.0, 3.0, 4.0, 6.0, 7.0]
@@ -212,7 +284,7 @@ def test_updates_per_tier_from_events():
 
 
 def test_plot_run_writes_updates_per_tier_png(tmp_path):
-    from fedat.plots import plot_run
+    from fedat.lab.plots import plot_run
 
     events = synthetic_events()
     (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events[::-1]))  # any order
@@ -223,7 +295,7 @@ def test_plot_run_writes_updates_per_tier_png(tmp_path):
 
 
 def test_plot_run_writes_updates_per_tier_png_without_any_evaluation(tmp_path):
-    from fedat.plots import plot_run
+    from fedat.lab.plots import plot_run
 
     events = [e for e in synthetic_events() if e["event"] == "global"]
     (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))

@@ -7,11 +7,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from fedat import topology
-from fedat.service import Reject
-from fedat.wire import GlobalModel, TierAssignment, TrainTask, Update, decode_model
+from fedat.fl.strategies import build_strategy
+from fedat.protocol import topology
+from fedat.protocol.service import Reject
+from fedat.protocol.wire import GlobalModel, TierAssignment, TrainTask, Update, decode_model, encode_model, model_bytes
 from fedat_aggregator.barrier import Barrier, BarrierConfig, Phase
-from fedat_aggregator.strategy import build_strategy
 
 from ..driver import Driver
 from ..factories import answer, seed
@@ -184,7 +184,7 @@ def test_with_tifl_only_one_tier_runs_at_a_time():
 
 
 def test_fedasync_runs_concurrent_single_client_rounds_that_close_on_their_own():
-    from fedat_aggregator.strategy import FedAsync
+    from fedat.fl.strategies import FedAsync
 
     b = Barrier(BarrierConfig(tiers=(1,), clients_per_round=1, min_clients=1, codec="raw"), FedAsync(concurrency=3))
     feed = b = Feed(b)
@@ -233,7 +233,7 @@ def test_fedprox_stragglers_run_fewer_epochs_and_everyone_else_all_of_them():
 
 
 def test_a_global_model_frees_every_round_it_lists_as_merged():
-    from fedat_aggregator.strategy import FedAsync
+    from fedat.fl.strategies import FedAsync
 
     b = Barrier(BarrierConfig(tiers=(1,), clients_per_round=1, min_clients=1, codec="raw"), FedAsync(concurrency=2))
     feed = b = Feed(b)
@@ -249,7 +249,7 @@ def test_a_global_model_frees_every_round_it_lists_as_merged():
 
 
 def test_fedbuff_restarts_a_client_when_its_round_closes_before_any_merge():
-    from fedat_aggregator.strategy import FedBuff
+    from fedat.fl.strategies import FedBuff
 
     b = Barrier(BarrierConfig(tiers=(1,), clients_per_round=1, min_clients=1, codec="raw"), FedBuff(concurrency=2))
     feed = b = Feed(b)
@@ -263,7 +263,7 @@ def test_fedbuff_restarts_a_client_when_its_round_closes_before_any_merge():
 
 
 def test_an_evaluation_gives_each_tier_its_clients_mean_accuracy():
-    from fedat.wire import Evaluation
+    from fedat.protocol.wire import Evaluation
 
     b = Barrier(BarrierConfig(tiers=(1, 2), clients_per_round=1, min_clients=1, codec="raw"), build_strategy("tifl"))
     feed = b = Feed(b)
@@ -271,3 +271,119 @@ def test_an_evaluation_gives_each_tier_its_clients_mean_accuracy():
     ev = Evaluation("e5", 5, 0.5, 1.0, 0.1, 4, 0.0, accuracies=(0.2, 0.7, 0.4, 0.9))
     fx = feed(topology.BARRIER_EVALUATIONS, ev)
     assert fx.ack == (feed.tag,) and feed.state.tier_accuracy == pytest.approx({1: 0.3, 2: 0.8})
+
+
+def test_with_real_clients_each_task_goes_to_its_client_s_own_queue_and_the_draw_is_the_pool_s():
+    def tasks_of(real: bool):
+        b = Feed(
+            Barrier(
+                BarrierConfig(tiers=(1, 2), clients_per_round=2, min_clients=1, codec="raw", real_clients=real),
+                build_strategy("fedat"),
+            )
+        )
+        tiers = ((0, 1, 2, 3), (4, 5, 6))
+        b(topology.BARRIER_ASSIGNMENTS, TierAssignment("a1", 1, tiers, {c: 1.0 for c in range(7)}, 0.0))
+        return b(topology.BARRIER_GLOBAL, seed(1, SHAPES)).publish
+
+    pool, real = tasks_of(False), tasks_of(True)
+    assert [o.message for o in pool] == [o.message for o in real]  # the same clients, the same tasks
+    assert [o.routing_key for o in pool] == [topology.tier_key(o.message.tier) for o in pool]
+    assert [o.routing_key for o in real] == [f"client-{o.message.client}" for o in real]
+    assert {o.exchange for o in real} == {topology.TRAIN} and len(real) == 4
+
+
+def _polyline_global(version: int, weights: np.ndarray, rounds: tuple[int, ...]) -> GlobalModel:
+    """A global model of one 400-value layer in polyline p=4, as the aggregator sends it whole."""
+    layers = encode_model([weights], ["layer0"], "polyline", 4)
+    g = replace(global_model(version, 1, max(rounds[0], 1), rounds), layers=layers)
+    return g if version else replace(g, merged=())
+
+
+def _real(**cfg):
+    b = Feed(
+        Barrier(
+            BarrierConfig(tiers=(1,), clients_per_round=2, min_clients=1, codec="polyline", real_clients=True, **cfg),
+            build_strategy("fedat"),
+        )
+    )
+    clients = (0, 1, 2, 3)
+    b(topology.BARRIER_ASSIGNMENTS, TierAssignment("a1", 1, (clients,), {c: 1.0 for c in clients}, 0.0))
+    return b
+
+
+def test_a_real_client_gets_its_next_task_against_the_version_it_keeps_bit_for_bit():
+    rng = np.random.default_rng(5)
+    w0 = rng.normal(0, 0.1, 400).astype(np.float32)
+    w1 = (w0 + rng.normal(0, 0.002, 400)).astype(np.float32)
+    b = _real()
+    first = [o.message for o in b(topology.BARRIER_GLOBAL, _polyline_global(0, w0, (0,))).publish]
+    assert all(t.relative_to == -1 for t in first)  # nobody is known to keep anything yet
+    for t in first:
+        b(topology.barrier_queue(1), update(t, 0.1))
+    answered = {t.client for t in first}
+    assert b.state.keeps == {c: 0 for c in answered}
+    g1 = _polyline_global(1, w1, (1,))
+    second = [o.message for o in b(topology.BARRIER_GLOBAL, g1).publish]
+    assert second and all(t.version == 1 for t in second)
+    whole = decode_model(g1.layers)[0]
+    kept0 = decode_model(_polyline_global(0, w0, (0,)).layers)
+    for t in second:
+        if t.client in answered:
+            assert t.relative_to == 0 and t.layers[0].codec == "delta"
+            got = decode_model(t.layers, kept0)[0]
+            assert got.tobytes() == whole.tobytes()  # exactly the model sent whole: nothing drifts
+            assert model_bytes(t.layers) < model_bytes(g1.layers) / 2
+        else:
+            assert t.relative_to == -1 and t.layers == g1.layers
+
+
+def test_a_real_client_that_leaves_its_task_unanswered_gets_the_next_one_whole():
+    rng = np.random.default_rng(6)
+    w0 = rng.normal(0, 0.1, 400).astype(np.float32)
+    b = _real()
+    first = [o.message for o in b(topology.BARRIER_GLOBAL, _polyline_global(0, w0, (0,))).publish]
+    for t in first:
+        b(topology.barrier_queue(1), update(t, 0.1))
+    second = [o.message for o in b(topology.BARRIER_GLOBAL, _polyline_global(1, w0 + 0.001, (1,))).publish]
+    talker, *silent = second
+    b(topology.barrier_queue(1), update(talker, 0.2))
+    b.on_timer("deadline:1:2", 1e6)  # closes with the one answer: the silent may have restarted and kept nothing
+    assert b.state.keeps.get(talker.client) == 1
+    assert all(t.client not in b.state.keeps for t in silent)
+    third = [o.message for o in b(topology.BARRIER_GLOBAL, _polyline_global(2, w0 + 0.002, (2,))).publish]
+    assert set(b.state.kept) == {1}  # decoded, the versions its clients keep; the current one is `model`
+    assert third and all(t.relative_to == (1 if t.client == talker.client else -1) for t in third)
+
+
+def test_pool_workers_and_a_barrier_told_not_to_get_every_task_whole():
+    rng = np.random.default_rng(7)
+    w0 = rng.normal(0, 0.1, 400).astype(np.float32)
+    for barrier in (
+        _real(relative_downloads=False),
+        Feed(
+            Barrier(
+                BarrierConfig(tiers=(1,), clients_per_round=2, min_clients=1, codec="polyline"),
+                build_strategy("fedat"),
+            )
+        ),
+    ):
+        if not barrier.state.assignment:
+            barrier(topology.BARRIER_ASSIGNMENTS, TierAssignment("a1", 1, ((0, 1, 2, 3),), {}, 0.0))
+        first = [o.message for o in barrier(topology.BARRIER_GLOBAL, _polyline_global(0, w0, (0,))).publish]
+        for t in first:
+            barrier(topology.barrier_queue(1), update(t, 0.1))
+        g1 = _polyline_global(1, w0 + 0.001, (1,))
+        second = [o.message for o in barrier(topology.BARRIER_GLOBAL, g1).publish]
+        assert second and all(t.relative_to == -1 and t.layers == g1.layers for t in second)
+        assert barrier.state.keeps == barrier.state.kept == barrier.state.bases == {}
+
+
+def test_tasks_against_kept_versions_are_on_by_default_for_real_clients_and_a_setting_turns_them_off():
+    from fedat.errors import ConfigError
+    from fedat_aggregator.barrier_main import settings
+
+    real = {"FEDAT_CLIENTS": "real", "FEDAT_SIGNING": "off"}
+    assert settings(real).barrier.relative_downloads and settings(real).barrier.real_clients
+    assert not settings({**real, "FEDAT_RELATIVE_DOWNLOADS": "0"}).barrier.relative_downloads
+    with pytest.raises(ConfigError, match="FEDAT_RELATIVE_DOWNLOADS must be 0 or 1"):
+        settings({**real, "FEDAT_RELATIVE_DOWNLOADS": "2"})

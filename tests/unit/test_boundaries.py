@@ -10,11 +10,11 @@ import pytest
 
 TF_FREE = [
     "fedat",
-    "fedat.codec",
-    "fedat.wire",
-    "fedat.aggregate",
-    "fedat.tiering",
-    "fedat.bus",
+    "fedat.protocol.codec",
+    "fedat.protocol.wire",
+    "fedat.fl.aggregate",
+    "fedat.fl.tiering",
+    "fedat.runtime.bus",
     "fedat_aggregator.barrier",
     "fedat_aggregator.aggregator",
     "fedat_aggregator.barrier_main",

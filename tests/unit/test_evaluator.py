@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fedat import config
+from fedat.runtime import config
 from fedat_worker.evaluator import due
 from fedat_worker.evaluator_main import settings
 

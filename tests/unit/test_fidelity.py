@@ -1,4 +1,4 @@
-"""`fedat.fidelity`: rounds, weights and accuracy of two runs' events.jsonl on a common (aligned) time axis."""
+"""`fedat.lab.fidelity`: rounds, weights and accuracy of two runs' events.jsonl on a common (aligned) time axis."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from fedat import fidelity
+from fedat.lab import fidelity
 
 
 def g(time: float, version: int, counts: list[int], weights: list[float]) -> dict:

@@ -1,8 +1,8 @@
-"""The run invariants (fedat.invariants) on hand-made message streams: clean runs pass, each violation is caught."""
+"""The run invariants (fedat.ops.invariants) on hand-made message streams: clean runs pass, each violation is caught."""
 
 from __future__ import annotations
 
-from fedat.invariants import (
+from fedat.ops.invariants import (
     VIOLATIONS,
     DeadLetter,
     GlobalSeen,

@@ -1,4 +1,4 @@
-"""Tests for fedat.latency: deterministic client profiles, the response-latency model and per-task draws."""
+"""Tests for fedat.fl.latency: deterministic client profiles, the response-latency model and per-task draws."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fedat.latency import (
+from fedat.fl.latency import (
     PAPER_DELAYS,
     ClientProfile,
     StragglerProfile,

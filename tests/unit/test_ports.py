@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from fedat import ports
+from fedat.deploy import ports
 
 
 def test_the_kernel_range_is_read_and_a_bad_one_falls_back_to_linux_defaults():

@@ -5,9 +5,9 @@ from __future__ import annotations
 import io
 import json
 
-from fedat import topology
-from fedat.recorder import Recorder, RunState
-from fedat.wire import Evaluation
+from fedat.lab.recorder import Recorder, RunState
+from fedat.protocol import topology
+from fedat.protocol.wire import Evaluation
 
 from ..driver import Driver
 from ..factories import seed

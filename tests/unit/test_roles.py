@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from fedat import topology as t
-from fedat.roles import ADMIN, NOTHING, ROLES, SERVICE_ROLES, exact, roles
+from fedat.deploy.roles import ADMIN, NOTHING, ROLES, SERVICE_ROLES, exact, roles
+from fedat.protocol import topology as t
 
 N = 5
 QUEUES = {q.name for q in t.queues(N)}
@@ -25,6 +25,7 @@ DECOYS = {
     t.GLOBAL + ".x",
     "fedatxglobal",  # an unescaped "." would match this
     t.STATE + ".worker",
+    t.journal_queue("worker"),
 }
 NAMES = QUEUES | EXCHANGES | DECOYS
 ALL_KEYS = {
@@ -33,6 +34,7 @@ ALL_KEYS = {
     t.EVALUATION_KEY,
     t.ROUND_REPORT_KEY,
     *t.STATEFUL,
+    *(t.journal_key(s) for s in t.STATEFUL),
     "",
     "#",
     "evil",
@@ -48,10 +50,23 @@ READS = {
         t.BARRIER_ASSIGNMENTS,
         t.BARRIER_EVALUATIONS,
         t.state_queue("barrier"),
+        t.journal_queue("barrier"),
     },
-    "aggregator": {t.AGGREGATOR_TIER_MODELS, t.AGGREGATOR_GLOBAL, t.state_queue("aggregator")},
-    "profiler": {t.PROFILER_RESULTS, t.PROFILER_REPORTS, t.state_queue("profiler")},
+    "aggregator": {
+        t.AGGREGATOR_TIER_MODELS,
+        t.AGGREGATOR_GLOBAL,
+        t.state_queue("aggregator"),
+        t.journal_queue("aggregator"),
+    },
+    "profiler": {
+        t.PROFILER_RESULTS,
+        t.PROFILER_REPORTS,
+        t.PROFILER_MEMBERS,
+        t.state_queue("profiler"),
+        t.journal_queue("profiler"),
+    },
     "evaluator": {t.EVALUATOR_GLOBAL},
+    "collector": {t.COLLECTOR_GLOBAL, t.COLLECTOR_EVALUATIONS, t.COLLECTOR_ASSIGNMENTS},
     "seed": set(),
     "recorder": {t.RECORDER_GLOBAL, t.RECORDER_EVENTS},
 }
@@ -61,16 +76,18 @@ WRITES = {
     "aggregator": {t.GLOBAL, t.DLX, t.STATE},
     "profiler": {t.TRAIN, t.CONTROL, t.DLX, t.STATE},
     "evaluator": {t.EVENTS, t.DLX},
+    "collector": {t.EVALUATE, t.EVENTS, t.DLX},
     "seed": {t.GLOBAL},
     "recorder": {t.DLX},
 }
 TOPIC_WRITES = {
     ("worker", t.RESULTS): {*(t.tier_key(m) for m in TIERS), t.PROFILE_KEY},
     ("barrier", t.EVENTS): {t.ROUND_REPORT_KEY},
-    ("barrier", t.STATE): {"barrier"},
-    ("aggregator", t.STATE): {"aggregator"},
-    ("profiler", t.STATE): {"profiler"},
+    ("barrier", t.STATE): {"barrier", t.journal_key("barrier")},
+    ("aggregator", t.STATE): {"aggregator", t.journal_key("aggregator")},
+    ("profiler", t.STATE): {"profiler", t.journal_key("profiler")},
     ("evaluator", t.EVENTS): {t.EVALUATION_KEY},
+    ("collector", t.EVENTS): {t.EVALUATION_KEY},
 }
 
 
@@ -83,8 +100,10 @@ def test_every_role_is_defined_once_and_only_admin_is_an_administrator():
     rs = roles(N)
     assert tuple(rs) == ROLES
     assert set(READS) == set(SERVICE_ROLES)
+    # the recorder may read queue depths over the management API (KEDA's HTTP scaler), nothing more
+    expected = {ADMIN: ("administrator",), "recorder": ("management",)}
     for name, role in rs.items():
-        assert role.tags == (("administrator",) if name == ADMIN else ())
+        assert role.tags == expected.get(name, ())
 
 
 @pytest.mark.parametrize("name", SERVICE_ROLES)

@@ -1,4 +1,4 @@
-"""Tests for fedat.signing: key derivation, keyrings, sign/verify for every kind, and every rejection reason."""
+"""Tests for fedat.protocol.signing: key derivation, keyrings, sign/verify for every kind, every rejection reason."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from fedat import signing
-from fedat.signing import (
+from fedat.protocol import signing
+from fedat.protocol.signing import (
     HEADER_SIGNATURE,
     HEADER_SIGNER,
     REQUIRED_KINDS,
@@ -20,12 +20,11 @@ from fedat.signing import (
     check,
     derive,
     expected_signer,
-    keyring_from_env,
     keys_for_role,
     sign,
     verify,
 )
-from fedat.wire import (
+from fedat.protocol.wire import (
     Evaluation,
     RoundReport,
     TierAssignment,
@@ -36,6 +35,7 @@ from fedat.wire import (
     encode_model,
     seed_model,
 )
+from fedat.runtime.keys import keyring_from_env, read_keyring
 from tests.factories import answer
 
 SECRET = bytes(range(32))
@@ -199,7 +199,7 @@ def test_keyring_file_json_and_lines(tmp_path):
     as_lines = tmp_path / "ring.env"
     as_lines.write_text("# aggregator keys\n\n" + "\n".join(f"{k} = {v}" for k, v in keys.items()) + "\n")
     for path in (as_json, as_lines):
-        ring = Keyring.from_file(path)
+        ring = read_keyring(path)
         assert ring.names == {"aggregator", "barrier", "seed"}
         assert ring.key("aggregator") == ALL.key("aggregator")
 
@@ -207,7 +207,7 @@ def test_keyring_file_json_and_lines(tmp_path):
 def test_partial_keyring_from_file_cannot_sign_as_others(tmp_path):
     path = tmp_path / "client7"
     path.write_text(json.dumps(keys_for_role(SECRET, "client-7")))
-    ring = Keyring.from_file(path)
+    ring = read_keyring(path)
     mine, other = _update(client=7), _update(client=8)
     headers = sign(ring, mine, encode(mine))
     verify(ALL, mine, encode(mine), headers)
@@ -234,7 +234,7 @@ def test_malformed_keyring_files(tmp_path, text, match):
     path = tmp_path / "ring"
     path.write_text(text)
     with pytest.raises(KeyringError, match=match):
-        Keyring.from_file(path)
+        read_keyring(path)
 
 
 def test_keyring_errors_never_echo_key_material(tmp_path):
@@ -242,7 +242,7 @@ def test_keyring_errors_never_echo_key_material(tmp_path):
     path = tmp_path / "ring"
     path.write_text(f"{hexkey}=barrier\n")  # swapped name and value
     with pytest.raises(KeyringError) as info:
-        Keyring.from_file(path)
+        read_keyring(path)
     assert hexkey not in str(info.value)
     with pytest.raises(KeyringError) as info:
         keyring_from_env({"FEDAT_SIGNING_SECRET": hexkey[:-2] + "zz"})
@@ -386,7 +386,8 @@ def test_signature_error_is_a_wire_error_with_a_reason():
 
 
 def test_required_kinds():
-    assert REQUIRED_KINDS == {"update", "tier-model", "global-model"}
+    # models, and what a real client says of itself: who it is, that it leaves, what it scored
+    assert REQUIRED_KINDS == {"update", "tier-model", "global-model", "join", "leave", "client-evaluation"}
 
 
 def test_check_skips_optional_kinds_without_the_key_and_verifies_them_with_it():
@@ -417,7 +418,7 @@ def test_fedat_keys_writes_each_roles_keyring_and_a_worker_cannot_sign_as_the_ag
     secret = tmp_path / "secret.hex"
     secret.write_text(bytes(range(32)).hex())
     main(["keys", "--secret-file", str(secret), "--out-dir", str(tmp_path / "keys")])
-    worker = signing.Keyring.from_file(tmp_path / "keys" / "worker.json")
+    worker = read_keyring(tmp_path / "keys" / "worker.json")
     assert worker.can_sign("client-12") and not worker.can_sign("aggregator") and not worker.can_sign("barrier")
     assert stat.S_IMODE((tmp_path / "keys" / "barrier.json").stat().st_mode) == 0o600
-    assert signing.Keyring.from_file(tmp_path / "keys" / "aggregator.json").can_sign("aggregator")
+    assert read_keyring(tmp_path / "keys" / "aggregator.json").can_sign("aggregator")

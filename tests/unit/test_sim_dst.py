@@ -1,6 +1,6 @@
-"""Deterministic simulation testing: hundreds of seeds of injected faults, every guarantee checked, replays exact.
+"""Deterministic simulation testing: dozens of seeds of injected faults, every guarantee checked, replays exact.
 
-`FEDAT_DST_SEEDS` (default 210, 35 per strategy) sets how many seeds the sweep runs; each has `MINUTES` virtual
+`FEDAT_DST_SEEDS` (default 60, 10 per strategy) sets how many seeds the sweep runs; each has `MINUTES` virtual
 minutes of faults plus `fedat_sim.dst.DRAIN_SECONDS` of settling. A failure prints every failing seed with its
 one-line replay.
 """
@@ -14,15 +14,16 @@ import time
 
 import pytest
 
-from fedat import bus
+from fedat.runtime import bus
 from fedat_sim import dst
 from fedat_sim.faults import FaultPlan
 
-SEEDS = int(os.environ.get("FEDAT_DST_SEEDS", "210"))
+SEEDS = int(os.environ.get("FEDAT_DST_SEEDS", "60"))
 MINUTES = dst.MINUTES
 
 
-def test_every_guarantee_holds_over_hundreds_of_faulty_seeds():
+@pytest.mark.slow
+def test_every_guarantee_holds_over_every_faulty_seed():
     started = time.perf_counter()
     outcomes = dst.run_seeds(range(SEEDS), MINUTES, jobs=min(2, os.cpu_count() or 1))
     failed = [o for o in outcomes if not o.ok]

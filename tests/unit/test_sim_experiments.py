@@ -4,7 +4,7 @@ file, with the numpy stand-in trainer (`fedat_sim.fakes`), for a short virtual t
 The virtual time is what the experiment's own latency model needs for a trained model to be made and scored: the
 profiling pass (ceil(clients / profile_concurrency) waves of the slowest modelled profiling answer), one round of
 the slowest modelled client, and one evaluation interval (or `eval_every` rounds); at least 10 s. Every term is an
-upper bound from `fedat.latency` (largest device factor, largest delay), so the experiments with fast rounds (smoke,
+upper bound from `fedat.fl.latency` (largest device factor, largest delay), so the experiments with fast rounds (smoke,
 chaos: a round every ~0.1-2 s) simulate seconds, not minutes, and the whole file stays fast; FMNIST #2 with time
 scale 3 (compare-fmnist2-fast-tier) simulates ~3.5 minutes because its slowest client answers only after ~100 s.
 
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from fedat.compare_run import load_comparison
-from fedat.run import Experiment, load_experiment
+from fedat.deploy.experiment import Experiment, load_experiment
+from fedat.lab.compare_run import load_comparison
 from fedat_sim import fakes
 from fedat_sim.simulate import simulate
 
@@ -71,9 +71,9 @@ def virtual_seconds(exp: Experiment) -> float:
 @pytest.fixture
 def no_plots(monkeypatch):
     """Skip the PNGs (matplotlib is most of a short simulation's time; test_sim_simulate checks they are written)."""
-    import fedat.plots
+    import fedat.lab.plots
 
-    monkeypatch.setattr(fedat.plots, "plot_run", lambda folder: None)
+    monkeypatch.setattr(fedat.lab.plots, "plot_run", lambda folder: None)
 
 
 def test_every_experiment_file_and_every_comparison_method_is_listed():

@@ -6,8 +6,8 @@ import pika
 import pika.exceptions as pe
 import pytest
 
-from fedat import topology
-from fedat.capture import dead_letter
+from fedat.ops.capture import dead_letter
+from fedat.protocol import topology
 from fedat_sim.clock import ORIGIN, Clock
 from fedat_sim.memory import ACKED, DROPPED, MemoryBroker, topic_matches
 
@@ -61,7 +61,14 @@ def test_the_topology_routes_every_kind_to_the_queues_of_the_architecture(broker
         topology.BARRIER_GLOBAL,
         topology.EVALUATOR_GLOBAL,
         topology.RECORDER_GLOBAL,
+        topology.COLLECTOR_GLOBAL,
     }
+    # A real client's keys name it; they reach the same queues as the pool's.
+    assert broker.route(topology.RESULTS, "tier-2.client-7") == [topology.barrier_queue(2)]
+    assert broker.route(topology.RESULTS, "profile.client-7") == [topology.PROFILER_RESULTS]
+    assert broker.route(topology.RESULTS, "join.client-7") == [topology.PROFILER_MEMBERS]
+    assert broker.route(topology.RESULTS, "leave.client-7") == [topology.PROFILER_MEMBERS]
+    assert broker.route(topology.RESULTS, "evaluation.client-7") == [topology.COLLECTOR_EVALUATIONS]
     assert set(broker.route(topology.EVENTS, topology.EVALUATION_KEY)) == {
         topology.RECORDER_EVENTS,
         topology.BARRIER_EVALUATIONS,
@@ -144,7 +151,7 @@ def test_observer_queues_keep_the_newest_and_state_queues_only_the_latest(broker
         pub.basic_publish(topology.GLOBAL, "", b"g", props(f"g{v}", "global-model"))
     kept = [e.properties.message_id for e in broker.ready_messages(topology.EVALUATOR_GLOBAL)]
     assert kept == [f"g{v}" for v in range(3, topology.OBSERVER_MAX_LENGTH + 3)]
-    assert sum(1 for s in broker.ledger.values() if s == DROPPED) == 3 * 2  # evaluator's and recorder's copies
+    assert sum(1 for s in broker.ledger.values() if s == DROPPED) == 3 * 3  # the evaluator's, recorder's, collector's
     for seq in range(3):
         pub.basic_publish(topology.STATE, "barrier", b"c", props(f"barrier-{seq}", "checkpoint"))
     assert [e.properties.message_id for e in broker.ready_messages(topology.state_queue("barrier"))] == ["barrier-2"]

@@ -1,16 +1,19 @@
-"""The production shell (fedat.bus Runner and Session) over the memory broker: write-ahead holds wherever it is cut."""
+"""The production shell (fedat.runtime.bus Runner and Session) on the memory broker: write-ahead holds wherever cut."""
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import pika
 import pytest
 
-from fedat import bus, checkpoint, topology, wire
-from fedat.recorder import RunState
-from fedat.run import Experiment
-from fedat.service import NOTHING, Outgoing, Subscription, done
-from fedat.statecodec import StateCodec
+from fedat.deploy.experiment import Experiment
+from fedat.lab.recorder import RunState
+from fedat.protocol import checkpoint, topology, wire
+from fedat.protocol.service import NOTHING, Outgoing, Subscription, done
+from fedat.protocol.statecodec import StateCodec
+from fedat.runtime import bus
 from fedat_sim.clock import ORIGIN, Clock
 from fedat_sim.dst import experiment
 from fedat_sim.fakes import fake_parts
@@ -127,3 +130,63 @@ class _Sink:
 
     def flush(self) -> None:
         pass
+
+
+def tier_model_body(k: int) -> bytes:
+    rng = np.random.default_rng(k)
+    shapes = [(30, 20), (20,)]
+    layers = wire.encode_model([rng.normal(0, 0.05, s).astype(np.float32) for s in shapes], ["w", "b"], "raw")
+    return wire.encode(wire.TierModel(f"tm1-r{k}", 1, k, max(0, k - 2), 10, (k % 4,), 0, 0, 0, 0.0, layers))
+
+
+@functools.cache
+def journalled_run(kill: tuple[int, bool] | None) -> tuple[dict[str, list[bytes]], list[str], int]:
+    """FedBuff's aggregator on the memory broker, fed 40 tier models; with `kill` = (op, after), SIGKILLed at that
+    publish/ack/nack of the 25th arrival's transition (well into a journal). Its global versions by id (the layers
+    of each copy), the ids in order, and its crashes."""
+    from fedat.fl.strategies import build_strategy
+    from fedat_aggregator.aggregator import Aggregator, AggregatorConfig
+
+    clock = Clock()
+    broker = MemoryBroker(clock)
+    broker.declare_topology(1)
+    service = Aggregator(AggregatorConfig(num_tiers=1, codec="raw"), build_strategy("fedbuff", buffer_size=2))
+    p = Process("aggregator", service, broker, clock, bus.BrokerConfig(num_tiers=1, prefetch=1))
+    p.start()
+    versions: dict[str, list[bytes]] = {}
+    order: list[str] = []
+
+    def tap(exchange, key, body, props):
+        if exchange == topology.GLOBAL and props.message_id != "g0":
+            g = wire.decode(body)
+            versions.setdefault(g.id, []).append(b"".join(layer.data for layer in g.layers))
+            order.append(g.id)
+
+    broker.taps.append(tap)
+    pub = broker.connect("barrier").channel()
+    seed = wire.seed_model([np.zeros((30, 20), np.float32), np.zeros(20, np.float32)], ["w", "b"], 1, "raw", 4, 0.0)
+    pub.basic_publish(topology.GLOBAL, "", wire.encode(seed), pika.BasicProperties(message_id="g0"))
+    for k in range(1, 25):
+        pub.basic_publish(topology.TIER_MODELS, "", tier_model_body(k), pika.BasicProperties(type="tier-model"))
+    clock.run(ORIGIN + 1)
+    assert broker.ready_messages(topology.journal_queue("aggregator"))  # the state is journalled by now
+    if kill is not None:
+        p.conn.sabotage(kill[0], ProcessKilled(restart_after=2.0), kill[1])
+    for k in range(25, 41):
+        pub.basic_publish(topology.TIER_MODELS, "", tier_model_body(k), pika.BasicProperties(type="tier-model"))
+    clock.run(ORIGIN + 30)
+    assert broker.audit() == []  # every input acked exactly once
+    return versions, order, p.crashes
+
+
+@pytest.mark.parametrize("op", [1, 2, 3, 4])
+@pytest.mark.parametrize("after", [False, True])
+def test_a_kill_anywhere_in_a_journalled_transition_makes_the_same_versions(op, after):
+    # A transition's operations: 1 the checkpoint (a journal entry, or a snapshot), 2 the global model when the
+    # buffer steps (else the ack), and so on into the next transitions.
+    expected, _, _ = journalled_run(None)
+    versions, order, crashes = journalled_run((op, after))
+    assert crashes == 1
+    assert sorted(versions) == sorted(expected)  # no version lost, none made twice with other contents
+    assert all(set(versions[v]) == set(expected[v]) and len(set(versions[v])) == 1 for v in versions)
+    assert list(dict.fromkeys(order)) == [f"g{v}" for v in range(1, len(expected) + 1)]  # in order, no gap

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fedat.run import Experiment, load_experiment
+from fedat.deploy.experiment import Experiment, load_experiment
 from fedat_sim import simulate
 from fedat_sim.fakes import fake_parts
 from fedat_sim.simulate import STOP_GRAIN
@@ -86,6 +86,7 @@ def test_a_simulation_reports_its_virtual_minutes_after_every_grain(tmp_path):
     assert seen == sorted(seen) and abs(seen[-1] - 2.0) < 1e-9
 
 
+@pytest.mark.slow
 def test_a_tiny_logreg_experiment_runs_every_tier_and_learns_and_repeats_exactly(tmp_path):
     pytest.importorskip("tensorflow")
     if not FMNIST.exists():

@@ -10,12 +10,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from fedat import checkpoint, ids, topology
-from fedat.statecodec import StateCodec, StateError
-from fedat.wire import TierAssignment, TrainTask
+from fedat.fl.strategies import ASOFed, FedBuff, build_strategy
+from fedat.protocol import checkpoint, ids, topology
+from fedat.protocol.statecodec import StateCodec, StateError
+from fedat.protocol.wire import TierAssignment, TrainTask
 from fedat_aggregator.aggregator import Aggregator, AggregatorConfig, Merged
 from fedat_aggregator.barrier import Barrier, BarrierConfig, Phase
-from fedat_aggregator.strategy import ASOFed, FedBuff, build_strategy
 
 from ..driver import Driver
 from ..factories import answer, seed

@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedat.config import ConfigError
-from fedat_aggregator.strategy import (
+from fedat.fl.strategies import (
     STRATEGIES,
     ASOFed,
     Buffer,
@@ -15,14 +14,13 @@ from fedat_aggregator.strategy import (
     FedATDelta,
     FedBuff,
     GlobalMerge,
-    Params,
     TierStats,
     TierWeighted,
     TiFL,
     build_strategy,
-    params_from_env,
-    strategy_from_env,
 )
+from fedat.runtime.config import ConfigError
+from fedat.runtime.config import strategy as strategy_from_env
 
 FEDAT = build_strategy("fedat")
 UNIFORM = build_strategy("fedat-uniform")
@@ -139,7 +137,7 @@ def test_tifl_runs_one_tier_at_a_time():
 
 def test_tifl_favours_the_worst_tier_and_respects_credits():
     rng = np.random.default_rng(0)
-    tifl = TiFL(credits=2)
+    tifl = TiFL(tifl_credits=2)
     idle = {1: 0, 2: 0, 3: 0}
     # losses: tier 3 is worst (highest loss) -> weight 3/6; tier 1 best -> 1/6
     picks = [tifl.schedule(idle, stats([0, 0, 0], [0.1, 0.5, 0.9]), rng)[0] for _ in range(600)]
@@ -168,7 +166,7 @@ def test_fedasync_keeps_each_tier_topped_up_to_its_concurrency():
 
 
 def test_fedasync_mixes_with_staleness():
-    fa = FedAsync(alpha=0.5, staleness="polynomial")
+    fa = FedAsync(async_alpha=0.5, staleness="polynomial")
     g = [f32(0, 0)]
     # staleness 3: s = (3 + 1) ** -0.5 = 0.5, so a = 0.25: 0.75 * 0 + 0.25 * [4, 8] = [1, 2]
     out = fa.merge_global(CrossTier(g, ([f32(4, 8)],), (1,), 0, 3))
@@ -305,11 +303,12 @@ def test_aso_fed_needs_the_arrivals_clients():
 
 def test_without_settings_every_strategy_is_built_with_todays_constants():
     assert strategy_from_env({}) == FEDAT
-    assert build_strategy("fedasync") == FedAsync(concurrency=20, alpha=0.6, staleness="polynomial")
+    assert build_strategy("fedasync") == FedAsync(concurrency=20, async_alpha=0.6, staleness="polynomial")
     assert build_strategy("fedbuff") == FedBuff(concurrency=20, buffer_size=10, server_lr=1.0, history=16)
-    assert build_strategy("tifl") == TiFL(credits=0) and build_strategy("aso-fed") == ASOFed(concurrency=20)
-    assert build_strategy("fedat-delta") == FedATDelta(server_lr=1.0, staleness="polynomial", balance=0.0, history=32)
-    assert params_from_env({}) == Params()
+    assert build_strategy("tifl") == TiFL(tifl_credits=0) and build_strategy("aso-fed") == ASOFed(concurrency=20)
+    assert build_strategy("fedat-delta") == FedATDelta(
+        server_lr=1.0, staleness="polynomial", tier_balance=0.0, history=32
+    )
 
 
 def test_settings_reach_the_strategies_that_use_them_and_are_ignored_by_the_rest():
@@ -325,15 +324,15 @@ def test_settings_reach_the_strategies_that_use_them_and_are_ignored_by_the_rest
         "FEDAT_HISTORY": "8",
     }
     assert strategy_from_env({**env, "FEDAT_STRATEGY": "fedasync"}) == FedAsync(
-        concurrency=4, alpha=0.3, staleness="hinge"
+        concurrency=4, async_alpha=0.3, staleness="hinge"
     )
     assert strategy_from_env({**env, "FEDAT_STRATEGY": "fedbuff"}) == FedBuff(
         concurrency=4, buffer_size=5, server_lr=0.5, staleness="hinge", history=8
     )
-    assert strategy_from_env({**env, "FEDAT_STRATEGY": "tifl"}) == TiFL(credits=7)
+    assert strategy_from_env({**env, "FEDAT_STRATEGY": "tifl"}) == TiFL(tifl_credits=7)
     assert strategy_from_env({**env, "FEDAT_STRATEGY": "aso-fed"}) == ASOFed(concurrency=4)
     assert strategy_from_env({**env, "FEDAT_STRATEGY": "fedat-delta"}) == FedATDelta(
-        server_lr=0.5, staleness="hinge", balance=1.0, decay=250.0, history=8
+        server_lr=0.5, staleness="hinge", tier_balance=1.0, server_lr_decay=250.0, history=8
     )
     assert strategy_from_env({**env, "FEDAT_STRATEGY": "fedat"}) == FEDAT
 
@@ -405,8 +404,8 @@ def test_fedat_delta_steps_by_the_staleness_discounted_delta_from_its_base():
 def test_fedat_delta_balance_favours_the_rarer_tier():
     # counts [9, 3]: T/M = 6; tier 1 (9 updates) c = 2/3, tier 2 (3 updates) c = 2
     counts, base = (9, 3), [f32(0, 0)]
-    fast = delta(FedATDelta(balance=1.0), [f32(3, 3)], base, counts=counts, arrived=0)
-    slow = delta(FedATDelta(balance=1.0), [f32(3, 3)], base, counts=counts, arrived=1)
+    fast = delta(FedATDelta(tier_balance=1.0), [f32(3, 3)], base, counts=counts, arrived=0)
+    slow = delta(FedATDelta(tier_balance=1.0), [f32(3, 3)], base, counts=counts, arrived=1)
     np.testing.assert_allclose(fast.tier_weights, [2 / 3, 0.0])
     np.testing.assert_allclose(slow.tier_weights, [0.0, 2.0])
     np.testing.assert_allclose(fast.model[0], [2.0, 2.0], rtol=1e-6)
@@ -419,14 +418,14 @@ def test_fedat_delta_balance_favours_the_rarer_tier():
 def test_fedat_delta_step_decays_with_the_tier_rounds_merged():
     # counts (20, 7, 3): T = 30 rounds merged; τ = 10: η = 1 / sqrt(1 + 3) = 0.5, a fresh round moves halfway
     counts, g = (20, 7, 3), [f32(2, 2)]
-    out = delta(FedATDelta(decay=10.0), [f32(6, 0)], g, g=g, counts=counts, arrived=2)
+    out = delta(FedATDelta(server_lr_decay=10.0), [f32(6, 0)], g, g=g, counts=counts, arrived=2)
     np.testing.assert_allclose(out.tier_weights, [0.0, 0.0, 0.5])
     np.testing.assert_allclose(out.model[0], [4.0, 1.0], rtol=1e-6)
     # the same arrival with the step constant (decay 0) replaces the model
     plain = delta(FedATDelta(), [f32(6, 0)], g, g=g, counts=counts, arrived=2)
     np.testing.assert_array_equal(plain.model[0], f32(6, 0))
     # an unknown base is mixed in with the decayed step too: a = min(1, 0.5 · s(3) = 0.25)
-    old = delta(FedATDelta(decay=10.0), [f32(6, 0)], None, staleness=3, g=g, counts=counts, arrived=2)
+    old = delta(FedATDelta(server_lr_decay=10.0), [f32(6, 0)], None, staleness=3, g=g, counts=counts, arrived=2)
     np.testing.assert_allclose(old.model[0], [3.0, 1.5], rtol=1e-6)
 
 
@@ -445,3 +444,17 @@ def test_fedat_delta_first_arrival_without_a_seed_becomes_the_model():
     out = FedATDelta().merge_global(CrossTier(None, (None, [f32(3, 4)]), (0, 1), 1, 0))
     np.testing.assert_array_equal(out.model[0], f32(3, 4))
     np.testing.assert_array_equal(out.tier_weights, [0.0, 1.0])
+
+
+def test_fedat_step_is_the_appendix_rule_a_delta_scaled_by_the_papers_weight():
+    # counts (6, 3, 1): weights T_(M+1-m)/T = (1, 3, 6) / 10; staleness is not discounted, the step is 1
+    step = build_strategy("fedat-step")
+    counts, g, base = (6, 3, 1), [f32(1, 1)], [f32(0, 2)]
+    out = delta(step, [f32(10, 2)], base, staleness=7, g=g, counts=counts, arrived=2)
+    np.testing.assert_allclose(out.tier_weights, [0.0, 0.0, 0.6])
+    np.testing.assert_allclose(out.model[0], [7.0, 1.0], rtol=1e-6)  # [1, 1] + 0.6 · ([10, 2] − [0, 2])
+    fast = delta(step, [f32(10, 2)], base, staleness=7, g=g, counts=counts, arrived=0)
+    np.testing.assert_allclose(fast.model[0], [2.0, 1.0], rtol=1e-6)  # the fastest tier weighs 0.1
+    # the settings fedat-delta reads do not change the appendix's rule
+    env = {"FEDAT_STRATEGY": "fedat-step", "FEDAT_SERVER_LR": "0.5", "FEDAT_STALENESS": "hinge"}
+    assert strategy_from_env(env) == step

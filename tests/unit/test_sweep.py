@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fedat import sweep
-from fedat.compare_run import simulation_plan
+from fedat.lab import sweep
+from fedat.lab.compare_run import simulation_plan
 
 
 def run_folder(tmp: Path, seed: int, best: float, weights: list[list[float]]) -> Path:
@@ -132,12 +132,6 @@ def test_the_first_minutes_of_a_longer_run_give_the_shorter_budgets_record(tmp_p
     assert [r["seed"] for r in methods["fedat"]] == [0]  # the half-minute run cannot stand for a minute
 
 
-def test_the_generated_block_is_replaced_and_the_text_around_it_kept():
-    text = f"intro\n{sweep.BEGIN}\nold\n{sweep.END}\noutro\n"
-    assert sweep.replace_block(text, "new") == f"intro\n{sweep.BEGIN}\n\nnew\n\n{sweep.END}\noutro\n"
-    assert sweep.replace_block("intro\n", "new").endswith(f"{sweep.BEGIN}\n\nnew\n\n{sweep.END}\n")
-
-
 def test_pending_skips_done_runs_and_runs_single_seed_methods_on_the_first_seed_only():
     todo = sweep.pending(["fedat", "fedbuff"], [0, 1], ["fedbuff"], {("fedat", 0)})
     assert todo == [("fedbuff", 0), ("fedat", 1)]
@@ -203,22 +197,28 @@ def test_the_simulate_section_of_a_comparison_file_is_read_and_checked(tmp_path)
 
 
 def sweep_plan(minutes: float, seeds: tuple[int, ...], single: tuple[str, ...]):
-    from fedat.compare_run import SimulationPlan
+    from fedat.lab.compare_run import SimulationPlan
 
     return SimulationPlan(minutes, seeds, single)
 
 
-def test_fedat_tabulate_sweeps_rewrites_the_block_and_draws_each_comparison(tmp_path):
+def test_fedat_tabulate_sweeps_rebuilds_the_report_beside_its_file_and_prints_tables_without_one(tmp_path, capsys):
     from fedat.cli import main
+    from fedat.lab import report
 
     root = tmp_path / "sums"
     save(root, sweep.make_record(run_folder(tmp_path, 0, 0.8, [[0.5, 0.5]]), "cmp", "fedat", 0, [0.65]))
-    md = tmp_path / "results.md"
-    md.write_text(f"# Results\n{sweep.BEGIN}\nstale\n{sweep.END}\nkept\n")
-    main(["tabulate", "--sweeps", str(root), "--into", str(md), "--plots", str(tmp_path)])
+    md = tmp_path / "docs" / "results.md"
+    md.parent.mkdir()
+    begin, end = report.BLOCK.format(name="comparisons"), report.END.format(name="comparisons")
+    md.write_text(f"# Results\n{begin}\nstale\n{end}\nkept\n")
+    main(["tabulate", "--sweeps", str(root), "--into", str(md)])
     text = md.read_text()
-    assert "stale" not in text and "| fedat | 0 | 0.800 |" in text and text.endswith("kept\n")
-    assert (tmp_path / "cmp-sim-accuracy-vs-time.png").stat().st_size > 1000
+    assert "stale" not in text and "[cmp](report/cmp.md)" in text and "kept\n" in text
+    assert "| fedat | 0 | 0.800 |" in (md.parent / "report" / "cmp.md").read_text()
+    assert (md.parent / "report" / "figures" / "cmp.png").stat().st_size > 1000
+    main(["tabulate", "--sweeps", str(root)])
+    assert "| fedat | 0 | 0.800 |" in capsys.readouterr().out
 
 
 def band_record(seed: int, minutes: float, curve: list[tuple[float, float]]) -> dict:
@@ -277,4 +277,10 @@ def test_the_paired_table_counts_the_pairs_that_ran_on_one_kind_of_processor(tmp
     md = sweep.render(root)
     # seed 0 on one kind, seed 1 across kinds, seed 2 unrecorded: only seed 0 is known to share the arithmetic
     assert "| delta | 0,1,2 | -0.100 ± 0.000 | -0.100 ± 0.000 | 0/3 | 1/3 |" in md
-    assert sweep.CPU_NOTE in md
+    assert md.endswith(sweep.CPU_NOTE)
+    for method, best in (("fedat", 0.6), ("delta", 0.5)):  # a second comparison with a paired table: one note
+        save(root, {**sweep.make_record(run_folder(tmp_path, 3, best, [[1.0]]), "cmp2", method), "cpu": "A (avx2)"})
+    md = sweep.render(root)
+    assert md.count(sweep.CPU_NOTE) == 1 and md.endswith(sweep.CPU_NOTE) and "### cmp2" in md
+    one = sweep.render_comparison("cmp2", sweep.load_records(root)["cmp2"])
+    assert one.endswith(sweep.CPU_NOTE)  # a comparison's own page explains its own paired table

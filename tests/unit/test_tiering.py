@@ -1,11 +1,11 @@
-"""Tests for fedat.tiering: latency tiers, tier lookup, drift, EWMA and TiFL's tier probabilities."""
+"""Tests for fedat.fl.tiering: latency tiers, tier lookup, drift, EWMA and TiFL's tier probabilities."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from fedat.tiering import assign_tiers, ewma, moved_clients, tier_of, tifl_probabilities
+from fedat.fl.tiering import assign_tiers, ewma, moved_clients, tier_of, tifl_probabilities
 
 LATENCIES = {0: 3.0, 1: 1.0, 2: 2.0, 3: 1.0, 4: 5.0, 5: 0.5, 6: 4.0}
 

@@ -6,8 +6,8 @@ import ssl
 
 import pytest
 
-from fedat.devbroker import make_certificates
-from fedat.tls import TlsConfig, ssl_options, tls_from_env
+from fedat.ops.devbroker import make_certificates
+from fedat.runtime.tls import TlsConfig, ssl_options, tls_from_env
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,8 @@ pytestmark = pytest.mark.tf
 tf = pytest.importorskip("tensorflow")
 
 from fedat_worker.models import MODELS, build_model, configure_threads, weight_names  # noqa: E402
-from fedat_worker.trainer import LocalTrainer, TrainResult  # noqa: E402
+from fedat_worker.trainer import LocalTrainer  # noqa: E402
+from fedat_worker.training import TrainResult  # noqa: E402
 
 IMG = (28, 28, 1)
 Data = tuple[np.ndarray, np.ndarray]
@@ -250,7 +251,7 @@ def test_evaluate_per_client_matches_evaluate(cnn_trainer: LocalTrainer, images:
 
 
 def test_a_stopping_process_interrupts_training_between_epochs(images: Data) -> None:
-    from fedat.service import Interrupted
+    from fedat.protocol.service import Interrupted
 
     x, y = images
     asked = []

@@ -1,4 +1,4 @@
-"""Tests for fedat.wire: round trips, every validation rule, and fuzzing that only WireError escapes."""
+"""Tests for fedat.protocol.wire: round trips, every validation rule, and fuzzing that only WireError escapes."""
 
 from __future__ import annotations
 
@@ -10,12 +10,16 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from fedat.wire import (
+from fedat.protocol.wire import (
     KINDS,
     SCHEMA_VERSION,
+    ClientEvaluation,
     Evaluation,
+    EvaluationRequest,
     GlobalModel,
+    Join,
     Layer,
+    Leave,
     RoundReport,
     TierAssignment,
     TierModel,
@@ -25,6 +29,7 @@ from fedat.wire import (
     decode,
     decode_model,
     encode,
+    encode_against,
     encode_model,
     model_bytes,
 )
@@ -188,6 +193,10 @@ def test_kinds_registry_names_every_message():
         "round-report": RoundReport,
         "tier-assignment": TierAssignment,
         "evaluation": Evaluation,
+        "join": Join,
+        "leave": Leave,
+        "evaluate": EvaluationRequest,
+        "client-evaluation": ClientEvaluation,
     }
 
 
@@ -679,3 +688,25 @@ def test_fuzz_replaced_fields_decode_raises_only_wire_error(msg, mutations):
 @example(_task(), HUGE_EMPTY_LAYER)
 def test_fuzz_replaced_fields_decode_model_raises_only_wire_error(msg, mutations):
     _check(_mutate(msg, mutations))
+
+
+@pytest.mark.parametrize("codec", ["polyline", "delta"])
+def test_a_whole_model_sent_against_a_kept_one_decodes_to_the_same_bits(codec):
+    rng = np.random.default_rng(2)
+    w = [rng.normal(0, 0.1, (30, 20)).astype(np.float32), rng.normal(0, 0.1, 20).astype(np.float32)]
+    names = ["kernel", "bias"]
+    kept = decode_model(encode_model(w, names, codec))
+    layers = encode_model([(a + 0.002).astype(np.float32) for a in w], names, codec)
+    whole = decode_model(layers)
+    against = encode_against(layers, whole, kept)
+    assert [layer.codec for layer in against] == ["delta", "delta"]
+    assert [a.tobytes() for a in decode_model(against, kept)] == [a.tobytes() for a in whole]
+    assert model_bytes(against) < model_bytes(layers)
+
+
+def test_a_model_on_no_grid_is_not_sent_against_a_kept_one():
+    w = [np.linspace(-1, 1, 50, dtype=np.float32)]
+    raw = encode_model(w, ["w"], "raw")
+    assert encode_against(raw, decode_model(raw), w) is None
+    exact = encode_model([w[0] * 1000], ["w"], "delta", precision=8)  # finer than float32 resolves: sent exact
+    assert exact[0].data[2] == 1 and encode_against(exact, decode_model(exact), w) is None  # kind 1: exact

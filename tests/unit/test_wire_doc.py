@@ -20,8 +20,8 @@ import numpy as np
 import polyline
 import pytest
 
-from fedat import signing, wire
-from fedat.codec import encode_layer
+from fedat.protocol import signing, wire
+from fedat.protocol.codec import encode_layer
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "wire-format.md"
 DOC_VERSION = 3
@@ -79,12 +79,18 @@ EXPECTED = {
         late=False,
         layers=(wire.Layer("dense/bias", (3,), "polyline", 1, b"]D]E"),),
     ),
+    # §4.8-§4.11: a real client's own kinds
+    "join": wire.Join(id="j-c7-1700000000500", client=7, n_samples=600, sent_at=1700000000.5),
+    "leave": wire.Leave(id="l-c7-1700000100000", client=7, reason="stopped", sent_at=1700000100.0),
+    "client-evaluation": wire.ClientEvaluation(
+        id="e130-c7", client=7, version=130, loss=0.5, accuracy=0.875, n_samples=150, evaluated_at=1700000050.25
+    ),
 }
 
 
 def test_the_doc_has_the_marked_examples():
     assert {"secret", "key:clients", "key:client-7"} <= BLOCKS.keys()
-    assert set(MESSAGES) >= {"profile-task", "update"}
+    assert set(MESSAGES) >= {"profile-task", "update", "join", "leave", "client-evaluation"}
     assert set(SIGNATURES) == set(MESSAGES), "every example message needs its signature"
     assert len(BLOCKS["secret"][1]) >= signing.MIN_SECRET_BYTES
 
@@ -110,7 +116,7 @@ def test_example_message_decodes(name):
     msg = wire.decode(body)
     assert msg == EXPECTED[name]
     assert wire.encode(msg) == body  # the reference encoder writes exactly these bytes
-    if msg.layers:
+    if getattr(msg, "layers", ()):
         assert np.array_equal(wire.decode_model(msg.layers)[0], np.array([1.5, -0.3, 3.0], np.float32))
 
 
@@ -147,6 +153,10 @@ def test_example_signature_verifies(name):
     signing.verify(KEYRING, msg, body, headers)
     assert signing.sign(KEYRING, msg, body) == headers
     # and only the signer's own key verifies it
+    if msg.kind in ("join", "leave", "client-evaluation"):
+        other = {signing.HEADER_SIGNER: f"client-{msg.client + 1}", signing.HEADER_SIGNATURE: sig.hex()}
+        with pytest.raises(signing.SignatureError, match=f"must be signed by client-{msg.client}"):
+            signing.verify(KEYRING, msg, body, other)
     if msg.kind == "update":
         other = {signing.HEADER_SIGNER: f"client-{msg.client + 1}", signing.HEADER_SIGNATURE: sig.hex()}
         with pytest.raises(signing.SignatureError, match=f"but it names client {msg.client}"):

@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from fedat import topology
-from fedat.latency import ClientProfile
-from fedat.wire import TrainTask, encode_model
+from fedat.fl.latency import ClientProfile
+from fedat.protocol import topology
+from fedat.protocol.wire import TrainTask, encode_model
 from fedat_worker.worker import Worker, WorkerConfig
 
 from ..driver import Driver
@@ -19,7 +19,7 @@ class Trainer:
     """Returns the weights plus one, as if trained."""
 
     def train(self, weights, x, y, **kw):
-        from fedat_worker.trainer import TrainResult
+        from fedat_worker.training import TrainResult
 
         return TrainResult([w + 1 for w in weights], len(x), 0.5, 0.01)
 

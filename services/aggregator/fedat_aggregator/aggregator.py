@@ -9,12 +9,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
-from fedat import ids, topology
-from fedat.aggregate import Weights
-from fedat.service import Effects, Inbound, Observation, Outgoing, Reactive, Reject, Subscription, done
-from fedat.statecodec import StateCodec
-from fedat.wire import GlobalModel, TierModel, decode_model, encode_model
-from fedat_aggregator.strategy import STATE_TYPES, CrossTier, Strategy
+from fedat.fl.aggregate import Weights
+from fedat.fl.strategies import STATE_TYPES, CrossTier, Strategy
+from fedat.protocol import ids, topology
+from fedat.protocol.service import Effects, Inbound, Observation, Outgoing, Reactive, Reject, Subscription, done
+from fedat.protocol.statecodec import StateCodec
+from fedat.protocol.wire import GlobalModel, TierModel, decode_model, encode_model
 
 # Rounds of one tier remembered individually above the all-merged watermark; beyond that the oldest gap is given up.
 MERGED_MEMORY = 1024

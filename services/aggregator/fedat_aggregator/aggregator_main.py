@@ -6,12 +6,15 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fedat import config
-from fedat.bus import BrokerConfig
-from fedat.runtime import serve_forever, setup_logging
+from fedat.fl.strategies import Strategy
+from fedat.protocol.system import BY_NAME
+from fedat.runtime import config
+from fedat.runtime.bus import BrokerConfig
+from fedat.runtime.serving import serve_forever, setup_logging
 from fedat_aggregator.aggregator import Aggregator, AggregatorConfig
 from fedat_aggregator.metrics import aggregator_metrics
-from fedat_aggregator.strategy import Strategy, strategy_from_env
+
+ME = BY_NAME["aggregator"]  # this service's row of the system table
 
 
 @dataclass(frozen=True)
@@ -31,8 +34,10 @@ def settings(env: Mapping[str, str]) -> Settings:
         codec=config.get_str(env, "FEDAT_CODEC", "polyline"),
         precision=config.get_int(env, "FEDAT_PRECISION", 4),
     )
-    strategy = strategy_from_env(env)
-    return Settings(config.broker(env, 4), cfg, strategy, config.get_int(env, "FEDAT_METRICS_PORT", 9102))
+    strategy = config.strategy(env)
+    return Settings(
+        config.broker(env, ME.prefetch), cfg, strategy, config.get_int(env, "FEDAT_METRICS_PORT", ME.metrics_port)
+    )
 
 
 def main() -> None:

@@ -20,12 +20,16 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from fedat import ids, topology
-from fedat.service import NOTHING, Effects, Held, Inbound, Observation, Outgoing, Reject, Subscription, done
-from fedat.statecodec import StateCodec
-from fedat.wire import (
+from fedat.errors import ConfigError
+from fedat.fl.strategies import Strategy, TierStats
+from fedat.protocol import ids, topology
+from fedat.protocol.codec import CODECS
+from fedat.protocol.service import NOTHING, Effects, Held, Inbound, Observation, Outgoing, Reject, Subscription, done
+from fedat.protocol.statecodec import StateCodec
+from fedat.protocol.wire import (
     Evaluation,
     GlobalModel,
+    Layer,
     RoundReport,
     TierAssignment,
     TierModel,
@@ -33,10 +37,11 @@ from fedat.wire import (
     Update,
     WireError,
     decode_model,
+    encode_against,
     encode_model,
     model_bytes,
+    relative,
 )
-from fedat_aggregator.strategy import Strategy, TierStats
 
 # Merged rounds remembered per tier, to ack copies and late answers of them; older ones are "stale".
 MERGED_MEMORY = 64
@@ -74,6 +79,14 @@ class BarrierConfig:
     # After a (re)connect the broker redelivers held updates at once; a deadline that passed meanwhile waits this
     # long for them instead of re-issuing the round to fresh clients.
     redelivery_grace: float = 2.0
+    # Real clients (FEDAT_CLIENTS=real): each task goes to its client's own queue (key `client-<k>`), not to the
+    # tier's queue that a pool of workers shares. Who is selected does not change.
+    real_clients: bool = False
+    # Real clients only: a task goes against the global version the client is known to keep (the base of its last
+    # answer), losslessly (`wire.encode_against`), rather than whole; the barrier keeps the `download_bases` newest
+    # such versions. A pool worker keeps no model, so its tasks always carry the model whole.
+    relative_downloads: bool = True
+    download_bases: int = 6
 
 
 class Phase(enum.Enum):
@@ -117,6 +130,15 @@ class BarrierState:
     closed: Mapping[int, int] = field(default_factory=dict)  # rounds of each tier closed so far
     tier_loss: Mapping[int, float] = field(default_factory=dict)  # training loss of each tier's last closed round
     tier_accuracy: Mapping[int, float] = field(default_factory=dict)  # mean test accuracy of each tier's clients
+    # With a relative codec: the older global models that collecting rounds started from, by version. Their tasks
+    # carry them and their answers are decoded against them; `model` itself is never repeated here. (Added last
+    # with a default, so a state saved before it existed still reads.)
+    bases: Mapping[int, GlobalModel] = field(default_factory=dict)
+    # Real clients: the global version each is known to keep, the base of its newest answer; forgotten when it
+    # leaves a task unanswered (it may have restarted and kept nothing). Tasks are sent against it.
+    keeps: Mapping[int, int] = field(default_factory=dict)
+    # Real clients: the global models they may keep, by version, decoded (arrays: a checkpoint carries each once).
+    kept: Mapping[int, tuple[np.ndarray, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -139,6 +161,14 @@ class Barrier:
 
     def __init__(self, cfg: BarrierConfig, strategy: Strategy):
         self.cfg, self.strategy = cfg, strategy
+        if cfg.codec not in CODECS:
+            raise ConfigError(f"FEDAT_CODEC={cfg.codec!r} is not one of {sorted(CODECS)}")
+        self.relative = CODECS[cfg.codec].relative
+        self.downloads = cfg.real_clients and cfg.relative_downloads
+        # Decoded base models by version: derived from the state (and checked against it), so only a cache.
+        self._decoded: dict[int, tuple[tuple[Layer, ...], list[np.ndarray]]] = {}
+        # A model sent against a kept version, by (version, kept version): many clients keep the same one.
+        self._against: dict[tuple[int, int], tuple[Layer, ...] | None] = {}
 
     def initial(self) -> BarrierState:
         """No assignment, no model, no round."""
@@ -202,7 +232,17 @@ class Barrier:
         for key in msg.merged:
             if key in rounds and rounds[key].phase is Phase.CLOSED:
                 rounds[key] = replace(rounds[key], phase=Phase.MERGED)
-        state = replace(state, model=msg, rounds=_forget_old(rounds), next_round=next_round)
+        bases, kept = state.bases, state.kept
+        if self.relative and state.model is not None:
+            # Rounds still collecting from the model being replaced need it to decode their answers.
+            bases = {**bases, state.model.version: state.model}
+        if self.downloads and state.model is not None and state.model.version not in kept:
+            # Real clients that answer a round of it keep it, and get their next task against it.
+            decoded = self._decoded_model(state.model)
+            if decoded is not None:
+                kept = {**kept, state.model.version: tuple(decoded)}
+        state = replace(state, model=msg, rounds=_forget_old(rounds), next_round=next_round, kept=kept)
+        state = self._keep_bases(replace(state, bases=bases))
         state, effects = self._schedule(state, now)
         return state, done(inbound) + effects
 
@@ -229,7 +269,7 @@ class Barrier:
         arrivals = _arrivals(rnd, held)
         if u.client in arrivals:
             return state, done(inbound) + _observe(DUPLICATES, u.tier)  # a redelivered copy: counted once
-        weights = self._decode_checked(state, u)
+        weights = self._decode_checked(state, rnd, u)
         arrivals[u.client] = _Arrival(u, inbound.tag, max(inbound.received, u.not_before), weights)
         effects = Effects(hold=((inbound.tag, weights),))
         if len(arrivals) < rnd.target:
@@ -310,9 +350,13 @@ class Barrier:
         )
         state = replace(state, rounds=_with(state.rounds, (rnd.tier, rnd.number), rnd))
         return state, Effects(
-            publish=tuple(Outgoing(topology.TRAIN, topology.tier_key(rnd.tier), t) for t in tasks),
+            publish=tuple(Outgoing(topology.TRAIN, self._route(t), t) for t in tasks),
             timers=((deadline - now, ids.round_timer(ids.DEADLINE, rnd.tier, rnd.number)),),
         )
+
+    def _route(self, task: TrainTask) -> str:
+        """The routing key of a task on the train exchange: its client's own queue, or its tier's shared one."""
+        return topology.client_key(task.client) if self.cfg.real_clients else topology.tier_key(task.tier)
 
     def _local_epochs(self, rnd: Round, clients: list[int], latencies) -> dict[int, int]:
         # FedProx's partial work: its stragglers send what fewer epochs give instead of holding the round up.
@@ -326,6 +370,10 @@ class Barrier:
 
     def _task(self, state: BarrierState, rnd: Round, client: int, epochs: int, now: float) -> TrainTask:
         c = self.cfg
+        # A relative codec's answer is decoded against the round's model, so a re-issue must carry that model.
+        model = _round_model(state, rnd.base_version)
+        version_kept = state.keeps.get(client, -1) if self.downloads else -1
+        layers = self._sent_against(state, model, version_kept) if version_kept >= 0 else None
         return TrainTask(
             id=ids.task(rnd.tier, rnd.number, client, rnd.base_version),
             client=client,
@@ -339,9 +387,53 @@ class Barrier:
             codec=c.codec,
             precision=c.precision,
             sent_at=now,
-            layers=state.model.layers,
+            layers=model.layers if layers is None else layers,
             run_started_at=state.assignment.run_started_at,
+            relative_to=-1 if layers is None else version_kept,
         )
+
+    def _sent_against(self, state: BarrierState, model: GlobalModel, version_kept: int) -> tuple[Layer, ...] | None:
+        """`model` as its client gets it against `version_kept`, the version it keeps; None: send it whole."""
+        if state.model is not None and state.model.version == version_kept:
+            base = self._decoded_model(state.model)
+        else:
+            base = state.kept.get(version_kept)
+        if base is None:
+            return None  # no longer kept here
+        key = (model.version, version_kept)
+        if key not in self._against:
+            whole = self._decoded_model(model)
+            try:
+                layers = None if whole is None else encode_against(model.layers, whole, base)
+            except WireError:
+                layers = None  # a model this barrier cannot re-encode goes whole
+            if len(self._against) >= 16:
+                self._against.pop(next(iter(self._against)))
+            self._against[key] = layers
+        layers = self._against[key]
+        if layers is None or model_bytes(layers) >= model_bytes(model.layers):
+            return None
+        return layers
+
+    def _keep_bases(self, state: BarrierState) -> BarrierState:
+        """Drop the older models that no collecting round started from (the current one is `model`); for real
+        clients, keep the decoded models of those rounds and of the `download_bases` newest versions clients keep."""
+        wanted = {r.base_version for r in state.rounds.values() if r.phase is Phase.COLLECTING}
+        wanted.discard(state.model.version if state.model is not None else -1)
+        if not wanted >= state.bases.keys():
+            state = replace(state, bases={v: m for v, m in state.bases.items() if v in wanted})
+        if self.downloads:
+            wanted |= set(sorted(set(state.keeps.values()))[-self.cfg.download_bases :])
+            if not wanted >= state.kept.keys():
+                state = replace(state, kept={v: m for v, m in state.kept.items() if v in wanted})
+        return state
+
+    def _decoded_model(self, model: GlobalModel) -> list[np.ndarray] | None:
+        """A global model as its receivers decode it; None if it cannot be (then it is only ever sent whole)."""
+        try:
+            return self._decoded_base(model)
+        except Reject:
+            return None
 
     def _reissue(self, state: BarrierState, rnd: Round, answers: int, now: float) -> tuple[BarrierState, Effects]:
         # The stragglers keep their tasks: an answer from them still counts while the round collects.
@@ -401,6 +493,8 @@ class Barrier:
             closed=_with(state.closed, rnd.tier, state.closed.get(rnd.tier, 0) + 1),
             tier_loss=_with(state.tier_loss, rnd.tier, sum(a.update.loss * a.update.n_samples for a in included) / n),
         )
+        state = self._note_keeps(state, {c: rnd.base_version for c in arrivals}, closed.awaited())
+        state = self._keep_bases(state)
         effects = Effects(
             publish=(
                 Outgoing(topology.TIER_MODELS, "", tier_model),
@@ -420,6 +514,7 @@ class Barrier:
         self, state: BarrierState, rnd: Round, inbound: Inbound, u: Update, now: float
     ) -> tuple[BarrierState, Effects]:
         rnd = replace(rnd, answered=(*rnd.answered, u.client))
+        state = self._note_keeps(state, {u.client: rnd.base_version}, ())
         report = RoundReport(
             id=ids.late_report(u.id),
             tier=u.tier,
@@ -434,19 +529,49 @@ class Barrier:
             LATE, u.tier
         )
 
-    def _decode_checked(self, state: BarrierState, u: Update) -> list[np.ndarray]:
-        want = [layer.shape for layer in state.model.layers]
+    def _note_keeps(self, state: BarrierState, answered: Mapping[int, int], silent: tuple[int, ...]) -> BarrierState:
+        """Real clients that answered keep their task's version (the newest they answered); silent ones, none known."""
+        if not self.downloads:
+            return state
+        keeps = {c: v for c, v in state.keeps.items() if c not in silent}
+        for c, v in answered.items():
+            keeps[c] = max(v, keeps.get(c, -1))
+        return replace(state, keeps=keeps)
+
+    def _decode_checked(self, state: BarrierState, rnd: Round, u: Update) -> list[np.ndarray]:
+        base = _round_model(state, rnd.base_version)
+        want = [layer.shape for layer in base.layers]
         got = [layer.shape for layer in u.layers]
+        # Shapes first: a layer that claims more values than the model has is refused before it is inflated.
         if got != want:
             raise Reject(f"update {u.id}: layer shapes {got} do not match the global model's {want}")
+        bases = None
+        if relative(u.layers):
+            if base.version != rnd.base_version:
+                raise Reject(f"update {u.id}: the barrier no longer holds version {rnd.base_version}, its base")
+            bases = self._decoded_base(base)
         try:
-            weights = decode_model(u.layers)
+            weights = decode_model(u.layers, bases)
         except WireError as exc:
             raise Reject(f"update {u.id}: {exc}") from None
         for layer, w in zip(u.layers, weights, strict=True):
             if not np.isfinite(w).all():
                 raise Reject(f"update {u.id}: layer '{layer.name}' contains NaN or inf")
         return weights
+
+    def _decoded_base(self, model: GlobalModel) -> list[np.ndarray]:
+        """The model exactly as the round's workers decoded it: the base their deltas were computed against."""
+        hit = self._decoded.get(model.version)
+        if hit is not None and hit[0] == model.layers:
+            return hit[1]
+        try:
+            arrays = decode_model(model.layers)
+        except WireError as exc:  # a model this barrier accepted earlier: not the update's fault, but say so
+            raise Reject(f"base model version {model.version} cannot be decoded: {exc}") from None
+        if len(self._decoded) >= 8:
+            self._decoded.pop(next(iter(self._decoded)))
+        self._decoded[model.version] = (model.layers, arrays)
+        return arrays
 
     def _rng(self, *key) -> np.random.Generator:
         # Every random choice is drawn from its own seed (round, re-issue, purpose): a restored barrier, or a replay,
@@ -465,6 +590,12 @@ def _arrivals(rnd: Round, held: Mapping[int, Held]) -> dict[int, _Arrival]:
         if isinstance(u, Update) and (u.tier, u.round) == (rnd.tier, rnd.number) and u.client not in out:
             out[u.client] = _Arrival(u, h.inbound.tag, max(h.inbound.received, u.not_before), h.note)
     return out
+
+
+def _round_model(state: BarrierState, version: int) -> GlobalModel:
+    """The global model a round started from, when the barrier keeps it; else the newest (without a relative codec
+    the barrier keeps no older model, and a re-issue carries the newest)."""
+    return state.bases.get(version, state.model)
 
 
 def _training(state: BarrierState, tier: int) -> set[int]:

@@ -6,12 +6,15 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fedat import config
-from fedat.bus import BrokerConfig
-from fedat.runtime import serve_forever, setup_logging
+from fedat.fl.strategies import Strategy
+from fedat.protocol.system import BY_NAME, Mode
+from fedat.runtime import config
+from fedat.runtime.bus import BrokerConfig
+from fedat.runtime.serving import serve_forever, setup_logging
 from fedat_aggregator.barrier import Barrier, BarrierConfig
 from fedat_aggregator.metrics import barrier_metrics
-from fedat_aggregator.strategy import Strategy, strategy_from_env
+
+ME = BY_NAME["barrier"]  # this service's row of the system table
 
 
 @dataclass(frozen=True)
@@ -42,15 +45,21 @@ def settings(env: Mapping[str, str]) -> Settings:
         codec=config.get_str(env, "FEDAT_CODEC", d.codec),
         precision=config.get_int(env, "FEDAT_PRECISION", d.precision),
         seed=config.get_int(env, "FEDAT_SEED", d.seed),
+        real_clients=config.clients(env) is Mode.REAL,
+        relative_downloads=config.get_int(env, "FEDAT_RELATIVE_DOWNLOADS", int(d.relative_downloads)) != 0,
     )
     if cfg.min_clients < 1 or cfg.clients_per_round < cfg.min_clients:
         raise config.ConfigError("need 1 <= FEDAT_MIN_CLIENTS <= FEDAT_CLIENTS_PER_ROUND")
+    if config.get_int(env, "FEDAT_RELATIVE_DOWNLOADS", 1) not in (0, 1):
+        raise config.ConfigError("FEDAT_RELATIVE_DOWNLOADS must be 0 or 1")
     if not 0.0 <= cfg.straggler_fraction <= 1.0:
         raise config.ConfigError(f"FEDAT_STRAGGLER_FRACTION={cfg.straggler_fraction} must be within 0..1")
-    strategy = strategy_from_env(env)
+    strategy = config.strategy(env)
     # The barrier holds a round's updates unacked until it closes: prefetch must cover every open round.
-    prefetch = max(64, 4 * cfg.clients_per_round * len(cfg.tiers) + 8)
-    return Settings(config.broker(env, prefetch), cfg, strategy, config.get_int(env, "FEDAT_METRICS_PORT", 9101))
+    prefetch = max(ME.prefetch, 4 * cfg.clients_per_round * len(cfg.tiers) + 8)
+    return Settings(
+        config.broker(env, prefetch), cfg, strategy, config.get_int(env, "FEDAT_METRICS_PORT", ME.metrics_port)
+    )
 
 
 def main() -> None:

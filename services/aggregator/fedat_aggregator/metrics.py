@@ -1,4 +1,4 @@
-"""Every metric of the barrier and the aggregator, each service in its own private registry."""
+"""Every metric of the barrier, the aggregator and the collector, each service in its own private registry."""
 
 from __future__ import annotations
 
@@ -6,10 +6,11 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from fedat.metrics import TransportMetrics, transport_metrics
-from fedat.service import Observation
+from fedat.protocol.service import Observation
+from fedat.runtime.metrics import TransportMetrics, transport_metrics
 from fedat_aggregator import aggregator as agg
 from fedat_aggregator import barrier as bar
+from fedat_aggregator import collector as col
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,80 @@ def aggregator_metrics() -> AggregatorMetrics:
             "fedat_model_bytes_total",
             "Model payload bytes of merged tier rounds: up (client updates) and down (tasks)",
             ["tier", "direction"],
+            registry=r,
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class CollectorMetrics:
+    """Federated evaluation; the evaluator's metric names where they mean the same, so dashboards read either."""
+
+    transport: TransportMetrics
+    accuracy: Gauge
+    variance: Gauge
+    version: Gauge
+    seconds: Histogram
+    requests: Counter
+    reports: Counter
+    ignored: Counter
+    tier_accuracy: Gauge
+
+    def observe(self, o: Observation) -> None:
+        """Count what a collector transition observed."""
+        if o.name == col.REQUESTED:
+            self.requests.inc()
+        elif o.name == col.REPORTED:
+            self.reports.labels(str(o.tier)).inc()
+        elif o.name == col.EVALUATED:
+            self.accuracy.set(o.value)
+        elif o.name == col.VARIANCE:
+            self.variance.set(o.value)
+        elif o.name == col.VERSION:
+            self.version.set(o.value)
+        elif o.name == col.WAITED:
+            self.seconds.observe(o.value)
+        elif o.name == col.TIER_ACCURACY:
+            self.tier_accuracy.labels(str(o.tier)).set(o.value)
+        elif o.name in col.IGNORED:
+            self.ignored.labels(o.name).inc()
+
+
+def collector_metrics() -> CollectorMetrics:
+    """A fresh registry with the collector's metrics."""
+    r = CollectorRegistry()
+    return CollectorMetrics(
+        transport=transport_metrics(r, "collector"),
+        accuracy=Gauge(
+            "fedat_eval_accuracy_ratio",
+            "Sample-weighted client test accuracy of the latest evaluated model",
+            registry=r,
+        ),
+        variance=Gauge("fedat_eval_accuracy_variance", "Variance of per-client test accuracy", registry=r),
+        version=Gauge("fedat_eval_model_version", "Global version last evaluated", registry=r),
+        seconds=Histogram(
+            "fedat_eval_seconds",
+            "Time from asking the clients to score a global model to publishing its evaluation",
+            registry=r,
+            buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120),
+        ),
+        requests=Counter("fedat_eval_requests_total", "Global models sent to the clients to score", registry=r),
+        reports=Counter(
+            "fedat_eval_client_reports_total",
+            "Client scores folded into evaluations, by the client's tier",
+            ["tier"],
+            registry=r,
+        ),
+        ignored=Counter(
+            "fedat_collector_reports_ignored_total",
+            "Client scores acked and ignored: unrequested, late, unassigned or duplicate",
+            ["reason"],
+            registry=r,
+        ),
+        tier_accuracy=Gauge(
+            "fedat_eval_tier_accuracy_ratio",
+            "Mean test accuracy of each tier's clients that scored the latest model",
+            ["tier"],
             registry=r,
         ),
     )

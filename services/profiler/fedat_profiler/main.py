@@ -6,11 +6,15 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fedat import config, topology
-from fedat.bus import BrokerConfig
-from fedat.runtime import serve_forever, setup_logging
+from fedat.protocol import topology
+from fedat.protocol.system import BY_NAME, Mode
+from fedat.runtime import config
+from fedat.runtime.bus import BrokerConfig
+from fedat.runtime.serving import serve_forever, setup_logging
 from fedat_profiler.metrics import profiler_metrics
 from fedat_profiler.profiler import Profiler, ProfilerConfig
+
+ME = BY_NAME["profiler"]  # this service's row of the system table
 
 
 @dataclass(frozen=True)
@@ -25,8 +29,10 @@ class Settings:
 def settings(env: Mapping[str, str]) -> Settings:
     """Build the settings from the environment."""
     d = ProfilerConfig()
+    real = config.clients(env) is Mode.REAL
     cfg = ProfilerConfig(
-        num_clients=config.get_int(env, "FEDAT_NUM_CLIENTS", d.num_clients),
+        # Real clients: no list; a count > 0 only ends the first pass once that many answered.
+        num_clients=config.get_int(env, "FEDAT_NUM_CLIENTS", 0 if real else d.num_clients),
         num_tiers=config.get_int(env, "FEDAT_NUM_TIERS", d.num_tiers),
         tier_sizes=config.get_floats(env, "FEDAT_TIER_SIZES", d.tier_sizes),
         profile_epochs=config.get_int(env, "FEDAT_PROFILE_EPOCHS", d.profile_epochs),
@@ -40,10 +46,11 @@ def settings(env: Mapping[str, str]) -> Settings:
         max_misses=config.get_int(env, "FEDAT_MAX_MISSES", d.max_misses),
         codec=config.get_str(env, "FEDAT_CODEC", d.codec),
         precision=config.get_int(env, "FEDAT_PRECISION", d.precision),
+        real_clients=real,
     )
     if cfg.tier_sizes and (len(cfg.tier_sizes) != cfg.num_tiers or min(cfg.tier_sizes) <= 0):
         raise config.ConfigError(f"FEDAT_TIER_SIZES needs {cfg.num_tiers} positive numbers, one per tier")
-    return Settings(config.broker(env, 64), cfg, config.get_int(env, "FEDAT_METRICS_PORT", 9103))
+    return Settings(config.broker(env, ME.prefetch), cfg, config.get_int(env, "FEDAT_METRICS_PORT", ME.metrics_port))
 
 
 def main() -> None:
@@ -52,7 +59,7 @@ def main() -> None:
     s = settings(os.environ)
     metrics = profiler_metrics()
     # Profiling measures how long workers take: it starts once a worker consumes the profiling queue, whatever
-    # started first (a launcher, Kubernetes, a human).
+    # started first (a launcher, Kubernetes, a human). Real clients are profiled as they join: nothing to wait for.
     serve_forever(
         Profiler(s.profiler),
         s.broker,
@@ -60,7 +67,7 @@ def main() -> None:
         metrics.transport,
         s.metrics_port,
         metrics.observe,
-        wait_for=(topology.PROFILE_QUEUE, 1),
+        wait_for=None if s.profiler.real_clients else (topology.PROFILE_QUEUE, 1),
     )
 
 

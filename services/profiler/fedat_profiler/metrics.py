@@ -6,9 +6,11 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from fedat.metrics import TransportMetrics, transport_metrics
-from fedat.service import Observation
+from fedat.protocol.service import Observation
+from fedat.runtime.metrics import TransportMetrics, transport_metrics
 from fedat_profiler import profiler as obs
+
+MEMBERSHIP = {obs.JOINED: "joined", obs.LEFT: "left", obs.REVOKED: "revoked", obs.REFUSED: "refused"}
 
 
 @dataclass(frozen=True)
@@ -20,6 +22,7 @@ class ProfilerMetrics:
     assignments: Counter
     tier_size: Gauge
     evicted: Counter
+    members: Counter  # real clients: joins, leaves, revocations, refused joins
 
     def observe(self, o: Observation) -> None:
         """Count what a profiler transition observed."""
@@ -29,6 +32,8 @@ class ProfilerMetrics:
             self.assignments.inc()
         elif o.name == obs.EVICTED:
             self.evicted.inc()
+        elif o.name in MEMBERSHIP:
+            self.members.labels(MEMBERSHIP[o.name]).inc()
         elif o.name == "tier_size":
             self.tier_size.labels(str(o.tier)).set(o.value)
 
@@ -48,4 +53,10 @@ def profiler_metrics() -> ProfilerMetrics:
         assignments=Counter("fedat_tier_assignments_total", "Tier assignments published", registry=r),
         tier_size=Gauge("fedat_tier_clients", "Clients in each tier", ["tier"], registry=r),
         evicted=Counter("fedat_clients_evicted_total", "Clients dropped after too many unanswered rounds", registry=r),
+        members=Counter(
+            "fedat_client_membership_total",
+            "Real clients' joins, leaves, revocations and refused joins (of revoked clients)",
+            ["event"],
+            registry=r,
+        ),
     )

@@ -1,7 +1,7 @@
 """Simulated clients: each logical client trains on its own virtual core and answers at its `not_before`.
 
 The worker is the production `fedat_worker.worker.Worker`, training for real with the project's trainer in this
-process. Its latency model (`fedat.latency`) sets an update's `not_before` = dispatch + (training seconds × the
+process. Its latency model (`fedat.fl.latency`) sets an update's `not_before` = dispatch + (training seconds × the
 client's device factor + its delay group's delay) × time scale, where training seconds are the measured seconds of
 this very training or, with `step_seconds`, the nominal epochs × ceil(n / batch) × step_seconds. A real worker
 publishes at once and the barrier counts the update from `not_before`; here the broker keeps the update invisible
@@ -20,9 +20,11 @@ import msgpack
 import numpy as np
 import pika
 
-from fedat.latency import ClientProfile
+from fedat.fl.latency import ClientProfile
 from fedat_sim.clock import Clock
 from fedat_sim.memory import MemoryConnection
+from fedat_worker.datasets import ClientData
+from fedat_worker.training import Trainer
 from fedat_worker.worker import Worker, WorkerConfig
 
 
@@ -30,8 +32,8 @@ from fedat_worker.worker import Worker, WorkerConfig
 class Parts:
     """What trains and scores: every client's data, one trainer (train, evaluate_per_client), the initial model."""
 
-    clients: Sequence[Any]  # objects with x_train, y_train, x_test, y_test
-    trainer: Any
+    clients: Sequence[ClientData]
+    trainer: Trainer
     names: tuple[str, ...]
     initial: tuple[np.ndarray, ...]
 

@@ -1,6 +1,6 @@
 """`fedat compare --simulate`: every method of a comparison on several seeds in virtual time, a run per core.
 
-Each finished run leaves its record (`fedat.sweep`) under the summaries folder at once, and a record that exists
+Each finished run leaves its record (`fedat.lab.sweep`) under the summaries folder at once, and a record that exists
 with at least these virtual minutes is not run again: a sweep stopped half-way resumes where it stopped. SIGTERM or
 Ctrl-C stops a sweep: the runs in progress end early and file their shorter records, no further run starts, and a
 record is never replaced by a shorter one.
@@ -21,13 +21,13 @@ from multiprocessing import get_context
 from multiprocessing.synchronize import Event
 from pathlib import Path
 
-from fedat import sweep
-from fedat.compare_run import load_comparison, simulation_plan
+from fedat.lab import sweep
+from fedat.lab.compare_run import load_comparison, simulation_plan
 
 
 def _done(summaries: Path, name: str, minutes: float) -> set[tuple[str, int]]:
     """(method, seed) of the records already there for this comparison that ran at least `minutes` (a longer run
-    holds every shorter budget's run: `fedat.sweep.truncated`)."""
+    holds every shorter budget's run: `fedat.lab.sweep.truncated`)."""
     done = set()
     for path in (summaries / name).glob("*/seed-*.json"):
         rec = json.loads(path.read_text())

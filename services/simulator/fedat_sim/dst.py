@@ -6,7 +6,7 @@ recorder over the memory broker; only the trainer is the numpy stand-in of `feda
 seeds run in a minute. After every event the monitor checks what cannot be undone later (a version published with
 two contents or out of order, a round merged twice, a round closed twice differently, a delivery settled twice);
 at the end, with faults off, workers and profiler stopped and the rest drained (as `make chaos` does),
-`fedat.invariants.check` and the broker's ledger audit check the rest. A failing seed replays exactly:
+`fedat.ops.invariants.check` and the broker's ledger audit check the rest. A failing seed replays exactly:
 
     python -m fedat_sim.dst --seed N [--minutes M] [--strategy S]   (a range: --seeds A B --jobs 2)
 """
@@ -23,9 +23,9 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
-from fedat import checkpoint, ids, topology
-from fedat.recorder import RunState
-from fedat.run import Experiment
+from fedat.deploy.experiment import Experiment
+from fedat.lab.recorder import RunState
+from fedat.protocol import ids, journal, topology
 from fedat_sim.clock import Clock, Event
 from fedat_sim.fakes import fake_parts
 from fedat_sim.faults import FaultPlan, Injector
@@ -37,7 +37,7 @@ from fedat_sim.system import System, secret_for
 MINUTES = 3.0  # virtual minutes of faults per seed, by default
 DRAIN_SECONDS = 60.0  # virtual seconds the remaining services get to settle once workers and profiler stop
 STRATEGIES = ("fedat", "fedat-uniform", "tifl", "fedasync", "fedbuff", "fedat-delta")  # names in the registry
-ONE_ROUND_PER_TIER = frozenset({"fedat", "fedat-uniform", "fedat-delta", "tifl"})  # see fedat.invariants.check
+ONE_ROUND_PER_TIER = frozenset({"fedat", "fedat-uniform", "fedat-delta", "tifl"})  # see fedat.ops.invariants.check
 NUM_CLIENTS = 10
 
 
@@ -159,7 +159,7 @@ def run_seed(
         "updates_merged": verdict.info.get("updates_merged", 0),
         "dead_letters": verdict.info.get("dead_letters", 0),
         "fingerprint": monitor.fingerprint()[:16],
-        # Known, reported, not (yet) a failure: fedat.recorder writes a second `evaluation` line when an evaluator
+        # Known, reported, not (yet) a failure: fedat.lab.recorder writes a second `evaluation` line when an evaluator
         # that restarted scores a redelivered version again.
         "recorder_duplicate_evaluations": duplicate_evaluation_lines(events.getvalue()),
     }
@@ -180,8 +180,9 @@ def absorbed(broker: MemoryBroker, system: System) -> list[str]:
     saved = broker.ready_messages(topology.state_queue("aggregator"))
     if not saved:
         return []
-    service = system.processes["aggregator"].service
-    state = service.codec.decode(checkpoint.decode(saved[-1].body, "aggregator").state)
+    entries = [e.body for e in broker.ready_messages(topology.journal_queue("aggregator"))]
+    last = journal.latest("aggregator", saved[-1].body, entries).checkpoint
+    state = system.processes["aggregator"].service.codec.decode(last.state, last.models)
     return [ids.tier_model(t, r) for t, r in state.pending]
 
 

@@ -7,12 +7,11 @@ inputs (and the task seed), so the services see real, changing models without Te
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from fedat_sim.clients import Parts
-from fedat_worker.data import ClientData
+from fedat_worker.datasets import ClientData
+from fedat_worker.training import Trainer, TrainResult
 
 SHAPES = ((6, 4), (4,))
 # The "measured" seconds per mini-batch step the stand-in reports (a CNN step on one core is ~0.006 s). Never 0:
@@ -21,17 +20,7 @@ SHAPES = ((6, 4), (4,))
 STEP_SECONDS = 0.005
 
 
-@dataclass(frozen=True)
-class FakeResult:
-    """What `LocalTrainer.train` returns, without importing TensorFlow."""
-
-    weights: list[np.ndarray]
-    n_samples: int
-    loss: float
-    seconds: float
-
-
-class FakeTrainer:
+class FakeTrainer(Trainer):
     """Moves the weights towards the client's target; scores by distance to each client's target."""
 
     def train(
@@ -45,7 +34,7 @@ class FakeTrainer:
         seed: int,
         learning_rate: float | None = None,
         batch_size: int | None = None,
-    ) -> FakeResult:
+    ) -> TrainResult:
         """A deterministic local step: w + (1 - 0.5^epochs) (target - w), plus seeded noise; timed as
         epochs × ceil(n / batch) × STEP_SECONDS."""
         target = float(x.mean())
@@ -54,7 +43,7 @@ class FakeTrainer:
         out = [(w + step * (target - w) + rng.normal(0.0, 0.01, w.shape)).astype(np.float32) for w in weights]
         loss = float(np.mean([np.mean((w - target) ** 2) for w in weights]))
         steps = epochs * -(-len(x) // (batch_size or 10))
-        return FakeResult(out, len(x), loss, steps * STEP_SECONDS)
+        return TrainResult(out, len(x), loss, steps * STEP_SECONDS)
 
     def evaluate_per_client(
         self, weights: list[np.ndarray], clients: list[tuple[np.ndarray, np.ndarray]], batch_size: int = 1000

@@ -1,12 +1,13 @@
 """An in-memory RabbitMQ with the semantics the topology relies on, and pika-shaped connections and channels onto it.
 
-What it honours (as RabbitMQ 3.10 does, see docs/architecture.md §2 and /work/shared/FACTS.md):
+What it honours (as RabbitMQ 3.10 does, see docs/architecture.md §2 and the facts measured on the broker there):
 
 - exchanges `direct`, `fanout` and `topic` (`*` one word, `#` zero or more), bindings as declared through
-  `fedat.topology.declare` (the production code declares them here too, through `MemoryChannel`);
+  `fedat.protocol.topology.declare` (the production code declares them here too, through `MemoryChannel`);
 - per-queue FIFO; per-consumer prefetch (`basic.qos`, 0 = unlimited) with round-robin over a queue's consumers;
   deliveries reach a channel in order (a channel is one TCP stream);
-- ack, nack with or without requeue, `basic.get`; an ack of an unknown delivery tag closes the channel (406);
+- ack, nack with or without requeue, `basic.get`, `queue.purge` (the ready messages are dropped); an ack of an
+  unknown delivery tag closes the channel (406);
 - a closed channel or connection returns its unacked deliveries to the head of their queues, `redelivered=True`;
   every return counts in `x-delivery-count`, and a message returned more than `x-delivery-limit` times is
   dead-lettered (reason `delivery_limit`), as quorum queues do; nack without requeue dead-letters (`rejected`);
@@ -30,7 +31,7 @@ import pika
 import pika.exceptions as pe
 from pika.spec import Basic
 
-from fedat import topology
+from fedat.protocol import topology
 from fedat_sim.clock import Clock, Event
 
 READY, UNACKED, ACKED, DEAD, DROPPED = "ready", "unacked", "acked", "dead-lettered", "dropped"
@@ -147,7 +148,7 @@ class MemoryBroker:
 
     # --- declaration ----------------------------------------------------------------------------------------
     def declare_topology(self, num_tiers: int) -> None:
-        """Declare the deployment's topology with the production code (`fedat.topology.declare`)."""
+        """Declare the deployment's topology with the production code (`fedat.protocol.topology.declare`)."""
         conn = self.connect("admin")
         topology.declare(conn.channel(), num_tiers)
         conn.close()
@@ -388,7 +389,7 @@ class MemoryConnection:
 
 
 class MemoryChannel:
-    """The subset of pika's BlockingChannel that `fedat.bus` and `fedat.topology` use, on the memory broker."""
+    """The subset of pika's BlockingChannel that `fedat.runtime.bus` and `fedat.protocol.topology` use, in memory."""
 
     def __init__(self, connection: MemoryConnection):
         self.connection, self.broker = connection, connection.broker
@@ -409,7 +410,7 @@ class MemoryChannel:
         if self.is_closed or not self.connection.is_open:
             raise pe.ChannelWrongStateError("Channel is closed.")
 
-    # --- declaration (fedat.topology.declare) ----------------------------------------------------------------
+    # --- declaration (fedat.protocol.topology.declare) ----------------------------------------------------------------
     def confirm_delivery(self) -> None:
         """Publisher confirms: a publish here is confirmed when it returns (or raised)."""
 
@@ -434,6 +435,17 @@ class MemoryChannel:
     def basic_qos(self, prefetch_count: int = 0) -> None:
         """Per-consumer prefetch (0 = unlimited)."""
         self.prefetch = int(prefetch_count)
+
+    def queue_purge(self, queue: str) -> _PurgeOk:
+        """Drop the queue's ready messages (unacked ones stay with their consumers), as RabbitMQ does."""
+        self._check_open()
+        if queue not in self.broker.queues:
+            raise pe.ChannelClosedByBroker(404, f"NOT_FOUND - no queue '{queue}'")
+        q = self.broker.queues[queue]
+        dropped = len(q.ready)
+        while q.ready:
+            self.broker.settle(q.ready.popleft(), DROPPED)
+        return _PurgeOk(dropped)
 
     # --- publishing and consuming ----------------------------------------------------------------------------
     def basic_publish(
@@ -558,6 +570,18 @@ class _DeclareOk:
     @property
     def method(self) -> _DeclareOk:
         """pika puts the counts under `.method`."""
+        return self
+
+
+@dataclass(frozen=True)
+class _PurgeOk:
+    """What `queue_purge` answers: `.method.message_count`, as pika's frame."""
+
+    message_count: int
+
+    @property
+    def method(self) -> _PurgeOk:
+        """pika puts the count under `.method`."""
         return self
 
 

@@ -1,10 +1,10 @@
-"""The guarantees, watched live and checked at the end, over the same records `fedat.capture` keeps of a real run.
+"""The guarantees, watched live and checked at the end, over the same records `fedat.ops.capture` keeps of a real run.
 
-The monitor sees every message the broker routes where `fedat.capture`'s queues are bound (global and tier models,
+The monitor sees every message the broker routes where `fedat.ops.capture`'s queues are bound (global and tier models,
 every result, round reports and evaluations) and keeps the same small records. After every event it can say whether
 something already went wrong that no later event can undo: a global version published with two contents, a version
 published before the one below it, a round merged by two versions, a tier model published twice differently, a
-delivery settled twice. At the end, `verdict` runs `fedat.invariants.check` over everything (no update merged twice
+delivery settled twice. At the end, `verdict` runs `fedat.ops.invariants.check` over everything (no update merged twice
 or lost, versions without gaps, every round closed once) and the broker's ledger audit (every message copy acked,
 dead-lettered or dropped exactly once, or still in a queue).
 """
@@ -16,9 +16,9 @@ from collections.abc import Iterable
 
 import pika
 
-from fedat import topology, wire
-from fedat.capture import CAPTURE_QUEUES, Records, dead_letter, digest
-from fedat.invariants import Verdict, check
+from fedat.ops.capture import CAPTURE_QUEUES, Records, dead_letter, digest
+from fedat.ops.invariants import Verdict, check
+from fedat.protocol import topology, wire
 from fedat_sim.memory import MemoryBroker, topic_matches
 
 # Kinds only durable services publish (barrier, aggregator, profiler, and the seed's g0): write-ahead checkpointing
@@ -32,7 +32,7 @@ class Violation(AssertionError):
 
 
 def _captured(exchange: str, routing_key: str) -> bool:
-    """Whether one of `fedat.capture`'s queues would get a copy of this publish."""
+    """Whether one of `fedat.ops.capture`'s queues would get a copy of this publish."""
     for bindings in CAPTURE_QUEUES.values():
         for ex, key in bindings:
             if ex == exchange and (key in ("", "#") or key == routing_key or topic_matches(key, routing_key)):
@@ -106,7 +106,7 @@ class Monitor:
     def verdict(
         self, queued_from: Iterable[str], one_round_per_tier: bool, absorbed: Iterable[str] = ()
     ) -> tuple[Verdict, list[str]]:
-        """At the end, with every process stopped: `fedat.invariants.check` and the ledger audit.
+        """At the end, with every process stopped: `fedat.ops.invariants.check` and the ledger audit.
 
         `queued_from`: the work queues whose messages are in flight; `absorbed`: tier-model ids a buffering strategy
         holds in the aggregator's saved state, to be listed in the next version's `merged` (also in flight).

@@ -1,7 +1,7 @@
-"""One service as a process on the memory broker: `fedat.bus.run_service`'s loop, in virtual time.
+"""One service as a process on the memory broker: `fedat.runtime.bus.run_service`'s loop, in virtual time.
 
-The transport code is the production code. `fedat.bus.Runner` (state, checkpoint sequence, restore, write-ahead
-save) and `fedat.bus.Session` (decode and verify, handler, then `commit`: encode → checkpoint → publish →
+The transport code is the production code. `fedat.runtime.bus.Runner` (state, checkpoint sequence, restore, write-ahead
+save) and `fedat.runtime.bus.Session` (decode and verify, handler, then `commit`: encode → checkpoint → publish →
 dead-letter → ack → hold → timers → observe; dead-lettering; requeue on a handler error) run unchanged over a
 `MemoryConnection`/`MemoryChannel` in place of pika's. Only `run_service`'s loop is pika-bound (a blocking
 `process_data_events` loop with `stop.wait` backoff), so `Process` mirrors it step for step:
@@ -21,10 +21,10 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry
 
-from fedat import topology
-from fedat.bus import RECOVERABLE, BrokerConfig, BrokerRefused, Runner, Session, refused
-from fedat.metrics import TransportMetrics, transport_metrics
-from fedat.service import Observation, Service
+from fedat.protocol import topology
+from fedat.protocol.service import Observation, Service
+from fedat.runtime.bus import RECOVERABLE, BrokerConfig, BrokerRefused, Runner, Session, refused
+from fedat.runtime.metrics import TransportMetrics, transport_metrics
 from fedat_sim.clock import Clock
 from fedat_sim.memory import MemoryBroker, MemoryConnection
 

@@ -1,7 +1,7 @@
 """`fedat simulate`: one experiment in virtual time, written to the same results folder as `fedat run`.
 
 The folder holds `experiment.json` (with a `simulated` section), `events.jsonl` written by the production recorder,
-`summary.json` from `fedat.run.summarize` (plus the simulation's own counts) and the plots. `events.jsonl` has no
+`summary.json` from `fedat.lab.run.summarize` (plus the simulation's own counts) and the plots. `events.jsonl` has no
 wall-clock field: its times are virtual seconds since the profiling pass began, so the same experiment and seed give
 the same file byte for byte, as long as latencies use the nominal `step_seconds` (with measured training time the
 virtual schedule follows how long each real training took, which varies from run to run).
@@ -22,9 +22,11 @@ from pathlib import Path
 
 import pika
 
-from fedat import config, topology
-from fedat.recorder import RunState
-from fedat.run import Experiment, load_experiment, summarize
+from fedat.deploy.experiment import Experiment, load_experiment
+from fedat.lab.recorder import RunState
+from fedat.lab.run import summarize
+from fedat.protocol import topology
+from fedat.runtime import config
 from fedat_sim.clients import Parts, tensorflow_parts
 from fedat_sim.clock import Clock, Livelock
 from fedat_sim.memory import MemoryBroker
@@ -84,6 +86,12 @@ def simulate(
         (out / "experiment.json").write_text(json.dumps({**meta, "simulated": simulated}, indent=2))
 
     describe(minutes)
+    if not float(exp.settings.get("step_seconds") or 0):
+        print(
+            f"[fedat simulate] {exp.name} sets no step_seconds: latencies follow each training's measured time, so "
+            "this run is not reproducible event for event (give a nominal step_seconds for that)",
+            flush=True,
+        )
     wall0 = time.perf_counter()  # for summary.json's wall_seconds only; the simulation never reads it
     cpu0 = time.process_time()  # the compute a run cost, whatever else shared the machine
     env = exp.env()
@@ -134,7 +142,7 @@ def simulate(
     )
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     try:
-        from fedat.plots import plot_run
+        from fedat.lab.plots import plot_run
 
         plot_run(out)
     except ImportError:

@@ -1,10 +1,14 @@
-"""The whole deployment of one experiment on the memory broker: every service `fedat run` starts, as processes.
+"""The whole deployment of one experiment on the memory broker: every service of the system table, as processes.
 
-Each service is configured exactly as its `main()` configures it, from the experiment's `FEDAT_*` variables (the
-same `settings(env)` functions, so prefetch rules and validation are the production ones), and each role signs and
-verifies with its own keyring (`fedat.signing.keys_for_role`), derived from a secret. Only two things differ from
-`fedat run`, both on purpose: the worker consumes without a prefetch limit and its updates become visible at their
-`not_before` (`fedat_sim.clients`), and the seed job publishes from inside the simulation.
+Which services exist, their roles and keys, which keep a checkpoint, their prefetch and their start phases come from
+`fedat.protocol.system`, as for `fedat run`. Each service is configured exactly as its `main()` configures it, from
+the experiment's `FEDAT_*` variables (the same `settings(env)` functions, so prefetch rules and validation are the
+production ones), and each role signs and verifies with its own keyring (`fedat.protocol.signing.keys_for_role`),
+derived from a secret. Three things differ from `fedat run`, on purpose: the worker consumes without a prefetch
+limit and its updates become visible at their `not_before` (`fedat_sim.clients`); the seed job publishes from
+inside the simulation, once every process has started (virtual time stands still during start-up, so starting it
+first, as `fedat run` does to hide TensorFlow's start, would gain nothing); and the recorder is a process like the
+others.
 """
 
 from __future__ import annotations
@@ -15,12 +19,14 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import IO
 
-from fedat import bus, config, signing, topology
-from fedat.latency import client_profiles
-from fedat.recorder import Recorder, RunState
-from fedat.run import Experiment
-from fedat.service import Observation, Outgoing
-from fedat.wire import seed_model
+from fedat.deploy.experiment import Experiment
+from fedat.fl.latency import client_profiles
+from fedat.lab.recorder import Recorder, RunState
+from fedat.protocol import signing, topology
+from fedat.protocol.service import Observation, Outgoing
+from fedat.protocol.system import BY_NAME, SERVICES, Mode, Phase, service
+from fedat.protocol.wire import seed_model
+from fedat.runtime import bus, config
 from fedat_aggregator import aggregator_main, barrier_main
 from fedat_aggregator.aggregator import Aggregator
 from fedat_aggregator.barrier import Barrier
@@ -33,9 +39,6 @@ from fedat_sim.shell import Process
 from fedat_worker import evaluator_main, worker_main
 from fedat_worker.evaluator import Evaluator
 from fedat_worker.worker import WorkerConfig
-
-# Services that keep a checkpoint (fedat.topology.STATEFUL) run with persistence on, as their processes do.
-DURABLE = frozenset(topology.STATEFUL)
 
 
 def secret_for(seed: int) -> bytes:
@@ -64,7 +67,7 @@ class System:
         self.observed: Counter[tuple[str, str, int]] = Counter()
         broker.declare_topology(self.num_tiers)
         self.processes: dict[str, Process] = {}
-        self._add("recorder", Recorder(run_state, events), self._broker_cfg("recorder", 16))
+        self._add("recorder", Recorder(run_state, events), self._broker_cfg("recorder"))
         worker = worker_main.settings(self.env)
         wcfg = WorkerConfig(worker.tiers, worker.profile_queue, worker.straggler, worker.workload.seed)
         profiles = client_profiles(worker.workload.num_clients, worker.straggler, worker.workload.seed)
@@ -89,7 +92,7 @@ class System:
 
     def _broker_cfg(self, role: str, prefetch: int | None = None) -> bus.BrokerConfig:
         """`config.broker(env, prefetch)` as the role's `main()` builds it, with the role's keys."""
-        return self._keyed(config.broker(self.env, prefetch if prefetch is not None else 1), role)
+        return self._keyed(config.broker(self.env, prefetch if prefetch is not None else BY_NAME[role].prefetch), role)
 
     def _keyed(self, cfg: bus.BrokerConfig, role: str) -> bus.BrokerConfig:
         return replace(cfg, keyring=self._keyring(role))
@@ -98,18 +101,22 @@ class System:
         def observe(o: Observation, name: str = name) -> None:
             self.observed[(name.split("-")[0], o.name, o.tier)] += o.value
 
-        persist = service.name in DURABLE
+        persist = BY_NAME[service.name].durable  # as its process does: a checkpoint before every effect
         self.processes[name] = Process(name, service, self.broker, self.clock, cfg, persist, observe, configure)
 
     # --- life -----------------------------------------------------------------------------------------------
     def start(self) -> None:
-        """Start like `fedat run`: recorder, workers, evaluator, aggregator, barrier; then profiler and seed."""
-        for name, p in self.processes.items():
-            if name != "profiler":
-                p.start()
-        if self.broker.consumer_count(topology.PROFILE_QUEUE) < 1:  # the profiler's `wait_for`
-            raise RuntimeError("no worker consumes the profiling queue: the profiler would wait forever")
-        self.processes["profiler"].start()
+        """Start phase by phase as the system table says (the profiler last); then the seed publishes w0."""
+        built = {service(n).name for n in self.processes} | {"seed"}
+        pool = {s.name for s in SERVICES if s.mode in (Mode.ANY, Mode.POOL)}  # logical clients, as simulated
+        if built != pool:
+            raise RuntimeError(f"the simulator builds {sorted(built)}, the system has {sorted(pool)}")
+        for phase in (Phase.SERVE, Phase.PROFILE):
+            if phase is Phase.PROFILE and self.broker.consumer_count(topology.PROFILE_QUEUE) < 1:
+                raise RuntimeError("no worker consumes the profiling queue: the profiler would wait forever")
+            for name, p in self.processes.items():
+                if service(name).phase is phase:
+                    p.start()
         self.publish_seed()
 
     def publish_seed(self) -> None:

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from fedat import topology
-from fedat.service import Effects, Inbound, Outgoing, Reactive, Subscription, done
-from fedat.wire import Evaluation, GlobalModel, decode_model
+from fedat.fl.evaluation import due  # the rule the collector shares
+from fedat.protocol import topology
+from fedat.protocol.service import Effects, Inbound, Outgoing, Reactive, Subscription, done
+from fedat.protocol.wire import Evaluation, GlobalModel, decode_model
+from fedat_worker.datasets import ClientData
+from fedat_worker.training import Trainer
 
 
 @dataclass(frozen=True)
@@ -22,26 +24,6 @@ class EvaluatorConfig:
     every: int = 5
     interval: float = 0.0
     grid: bool = False
-
-
-def due(
-    version: int, now: float, last: tuple[int, float] | None, every: int, interval: float, grid: bool = False
-) -> bool:
-    """Whether to score `version`: the first one seen, or `every` versions or `interval` s after the last scored
-    (with `grid`, the first version of each later slot [k·interval, (k+1)·interval))."""
-    if last is None:
-        return True
-    last_version, last_time = last
-    if version <= last_version:
-        return False
-    by_count = every > 0 and version >= last_version + every
-    # Anchored on the last scored version, the clock restarts at an arrival; a tier whose rounds take a little
-    # longer than `interval` then keeps being the one scored (phase-locking). A fixed grid does not restart.
-    if grid:
-        by_time = interval > 0 and math.floor(now / interval) > math.floor(last_time / interval)
-    else:
-        by_time = interval > 0 and now - last_time >= interval
-    return by_count or by_time
 
 
 def score(per_client: list[tuple[float, float, int]]) -> tuple[float, float, float]:
@@ -56,7 +38,14 @@ class Evaluator(Reactive):
 
     name = "evaluator"
 
-    def __init__(self, cfg: EvaluatorConfig, clients, trainer, clock: Callable[[], float], metrics=None):
+    def __init__(
+        self,
+        cfg: EvaluatorConfig,
+        clients: Sequence[ClientData],
+        trainer: Trainer,
+        clock: Callable[[], float],
+        metrics=None,
+    ):
         self.cfg, self.trainer, self.clock, self.metrics = cfg, trainer, clock, metrics
         self.tests = [(c.x_test, c.y_test) for c in clients]
 

@@ -6,11 +6,14 @@ import os
 import time
 from collections.abc import Mapping
 
-from fedat import config
-from fedat.runtime import serve_forever, setup_logging
+from fedat.protocol.system import BY_NAME
+from fedat.runtime import config
+from fedat.runtime.serving import serve_forever, setup_logging
 from fedat_worker.evaluator import Evaluator, EvaluatorConfig
 from fedat_worker.metrics import evaluator_metrics
 from fedat_worker.workload import build, workload_from_env
+
+ME = BY_NAME["evaluator"]  # this service's row of the system table
 
 ANCHORS = ("last", "grid")  # FEDAT_EVAL_ANCHOR: time slots counted from the last scored version, or a fixed grid
 
@@ -33,12 +36,16 @@ def main() -> None:
     env = os.environ
     workload = workload_from_env(env)
     cfg = settings(env)
-    broker = config.broker(env, 1)
+    broker = config.broker(env, ME.prefetch)
     clients, _, trainer = build(workload, config.get_int(env, "FEDAT_TF_THREADS", 1))
     metrics = evaluator_metrics()
     service = Evaluator(cfg, clients, trainer, time.time, metrics)
     serve_forever(
-        service, broker, metrics.transport.registry, metrics.transport, config.get_int(env, "FEDAT_METRICS_PORT", 9105)
+        service,
+        broker,
+        metrics.transport.registry,
+        metrics.transport,
+        config.get_int(env, "FEDAT_METRICS_PORT", ME.metrics_port),
     )
 
 

@@ -6,12 +6,16 @@ import logging
 import os
 import time
 
-from fedat import config, topology
-from fedat.bus import publish_once
-from fedat.runtime import setup_logging
-from fedat.service import Outgoing
-from fedat.wire import seed_model
+from fedat.protocol import topology
+from fedat.protocol.service import Outgoing
+from fedat.protocol.system import BY_NAME
+from fedat.protocol.wire import seed_model
+from fedat.runtime import config
+from fedat.runtime.bus import publish_once
+from fedat.runtime.serving import setup_logging
 from fedat_worker.workload import workload_from_env
+
+ME = BY_NAME["seed"]  # this service's row of the system table
 
 log = logging.getLogger(__name__)
 
@@ -21,12 +25,11 @@ def main() -> None:
     setup_logging("seed")
     env = os.environ
     workload = workload_from_env(env)
-    broker = config.broker(env, 1)
-    from fedat_worker.models import build_model, weight_names
-    from fedat_worker.workload import load_clients
+    broker = config.broker(env, ME.prefetch)
+    from fedat_worker.app import load_app
+    from fedat_worker.models import weight_names
 
-    clients, num_classes = load_clients(workload)
-    model = build_model(workload.model, tuple(clients[0].x_train.shape[1:]), num_classes, seed=workload.seed)
+    model = load_app(workload.app).model(workload.context(-1))  # w0: the app's model built with the experiment's seed
     msg = seed_model(
         model.get_weights(),
         weight_names(model),

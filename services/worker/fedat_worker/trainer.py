@@ -4,26 +4,16 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import tensorflow as tf
 from tensorflow import keras
 
-from fedat.service import Interrupted
+from fedat.protocol.service import Interrupted
+from fedat_worker.training import Trainer, TrainResult
 
 
-@dataclass(frozen=True)
-class TrainResult:
-    """Outcome of one local training task."""
-
-    weights: list[np.ndarray]
-    n_samples: int
-    loss: float
-    seconds: float
-
-
-class LocalTrainer:
+class LocalTrainer(Trainer):
     """Trains one model for many clients, reusing one compiled train function and one optimizer.
 
     The compiled function runs a whole epoch (a graph while-loop over mini-batches), which removes

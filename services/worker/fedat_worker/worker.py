@@ -1,22 +1,25 @@
 """The worker: trains whichever logical client a task names and publishes its compressed update at once.
 
-Response time follows the latency model (fedat.latency): the update carries `not_before`, the moment the
+Response time follows the latency model (fedat.fl.latency): the update carries `not_before`, the moment the
 simulated client would have answered, and the barrier counts it from then. So a delay never keeps this process
 from training the next client; an update already past its `not_before` when training ends is flagged `late`.
 """
 
 from __future__ import annotations
 
-import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from fedat import topology
-from fedat.latency import ClientProfile, StragglerProfile, response_latency, round_draw, training_seconds
-from fedat.service import Effects, Inbound, Outgoing, Reactive, Reject, Subscription, done
-from fedat.wire import TrainTask, Update, WireError, decode_model, encode_model
+from fedat.fl.latency import ClientProfile, StragglerProfile, response_latency, round_draw, training_seconds
+from fedat.protocol import topology
+from fedat.protocol.service import Effects, Inbound, Outgoing, Reactive, Reject, Subscription, done
+from fedat.protocol.wire import TrainTask
+from fedat_worker import local
+from fedat_worker.datasets import ClientData
+from fedat_worker.training import Trainer
+from fedat_worker.tuned import overrides_of
 
 
 @dataclass(frozen=True)
@@ -37,8 +40,8 @@ class Worker(Reactive):
     def __init__(
         self,
         cfg: WorkerConfig,
-        clients,
-        trainer,
+        clients: Sequence[ClientData],
+        trainer: Trainer,
         names: list[str],
         initial: list[np.ndarray],
         profiles: tuple[ClientProfile, ...],
@@ -75,62 +78,22 @@ class Worker(Reactive):
             if self.metrics:
                 self.metrics.dropped.inc()
             return done(inbound)  # the client has left for good: no answer, as in the paper's unstable clients
-        weights = self._weights(task)
-        data = self.clients[task.client]
+        weights = local.start_weights(task, self.initial_weights, self.shapes)
         started = self.clock()
-        result = self.trainer.train(
-            weights,
-            data.x_train,
-            data.y_train,
-            epochs=task.epochs,
-            prox_lambda=task.prox_lambda,
-            seed=zlib.crc32(task.id.encode()),
-            learning_rate=task.learning_rate,
-            batch_size=task.batch_size,
-        )
+        result = local.train(self.trainer, task, weights, self.clients[task.client])
         finished = self.clock()
         st = self.cfg.straggler
-        steps = task.epochs * -(-result.n_samples // task.batch_size)
+        tune = overrides_of(self.trainer)  # the app's own epochs and batch size, where it sets them
+        steps = tune.epochs_of(task) * -(-result.n_samples // tune.batch_size_of(task))
         seconds = training_seconds(result.seconds, steps, st.step_seconds)
         draw = round_draw(self.cfg.seed, task.id)
         not_before = task.sent_at + response_latency(seconds, profile, st.time_scale, draw)
-        update = Update(
-            id=f"u-{task.id}",
-            task_id=task.id,
-            client=task.client,
-            tier=task.tier,
-            round=task.round,
-            base_version=task.version,
-            n_samples=result.n_samples,
-            loss=result.loss,
-            dispatched_at=task.sent_at,
-            started_at=started,
-            finished_at=finished,
-            train_seconds=result.seconds,
-            not_before=not_before,
-            late=finished > not_before,
-            # A profiling answer is only timed: its model would be thrown away, so it is not sent.
-            layers=encode_model(result.weights, self.names, task.codec, task.precision) if task.tier else (),
-        )
+        update = local.update(task, result, weights, self.names, started, finished, not_before, finished > not_before)
         if self.metrics:
             tier = str(task.tier)
             self.metrics.trained.labels(tier).inc()
             self.metrics.train_seconds.labels(tier).observe(result.seconds)
-            self.metrics.epochs.labels(tier).inc(task.epochs)
+            self.metrics.epochs.labels(tier).inc(tune.epochs_of(task))
             if update.late:
                 self.metrics.late.labels(tier).inc()
-        key = topology.tier_key(task.tier) if task.tier else topology.PROFILE_KEY
-        return done(inbound, Outgoing(topology.RESULTS, key, update))
-
-    def _weights(self, task: TrainTask) -> list[np.ndarray]:
-        if not task.layers:
-            return self.initial_weights  # a profiling task: train from the initial model
-        try:
-            weights = decode_model(task.layers)
-        except WireError as exc:
-            raise Reject(f"task {task.id}: {exc}") from None
-        if [w.shape for w in weights] != self.shapes:
-            raise Reject(
-                f"task {task.id}: layer shapes {[w.shape for w in weights]} do not match the model's {self.shapes}"
-            )
-        return weights
+        return done(inbound, Outgoing(topology.RESULTS, local.answer_key(task), update))

@@ -7,12 +7,15 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fedat import config
-from fedat.bus import BrokerConfig
-from fedat.latency import StragglerProfile, client_profiles
-from fedat.runtime import serve_forever, setup_logging, stop_on_signals
+from fedat.fl.latency import StragglerProfile, client_profiles
+from fedat.protocol.system import BY_NAME
+from fedat.runtime import config
+from fedat.runtime.bus import BrokerConfig
+from fedat.runtime.serving import serve_forever, setup_logging, stop_on_signals
 from fedat_worker.metrics import worker_metrics
 from fedat_worker.workload import Workload, build, workload_from_env
+
+ME = BY_NAME["worker"]  # this service's row of the system table
 
 
 @dataclass(frozen=True)
@@ -39,13 +42,13 @@ def settings(env: Mapping[str, str]) -> Settings:
             f"groups a size, summing to FEDAT_NUM_CLIENTS={workload.num_clients}"
         )
     return Settings(
-        broker=config.broker(env, 1),
+        broker=config.broker(env, ME.prefetch),
         workload=workload,
         straggler=straggler,
         tiers=config.get_ints(env, "FEDAT_TIERS", tuple(range(1, num_tiers + 1))),
         profile_queue=config.get_int(env, "FEDAT_PROFILE_QUEUE", 1) == 1,
         threads=config.get_int(env, "FEDAT_TF_THREADS", 1),
-        metrics_port=config.get_int(env, "FEDAT_METRICS_PORT", 9104),
+        metrics_port=config.get_int(env, "FEDAT_METRICS_PORT", ME.metrics_port),
     )
 
 

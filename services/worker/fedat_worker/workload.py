@@ -1,74 +1,64 @@
-"""What a worker or evaluator process holds: the federated data set and the model, built once from settings."""
+"""What a pool process holds: an app and every logical client's data, built once from the experiment's settings."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from fedat import config
-from fedat_worker.data import LOADERS, ClientData, federate
+from fedat.runtime import config
+from fedat_worker.app import DEFAULT_APP, App, Context, check_model, client_data, load_app
+from fedat_worker.datasets import ClientData
+from fedat_worker.tuned import Overrides, tuned
 
 
 @dataclass(frozen=True)
 class Workload:
-    """Data set, partition and model; identical in every process of one experiment (deterministic by seed)."""
+    """The app and the clients it serves; identical in every process of one experiment (deterministic by seed)."""
 
-    dataset: str = "fashion-mnist"
-    data_root: str = ""
-    model: str = "cnn"
-    scheme: str = "shards"
+    app: str = DEFAULT_APP
     num_clients: int = 100
-    classes_per_client: int = 2
-    alpha: float = 0.5
-    samples_per_client: int = 0  # 0 = all; a cap keeps tests small
     seed: int = 0
+    settings: tuple[tuple[str, str], ...] = ()  # the FEDAT_* variables, which the app may read
+
+    def context(self, client: int) -> Context:
+        """The app's view of client `client` of this workload (-1: no client, the model only)."""
+        return Context(client=client, seed=self.seed, num_clients=self.num_clients, settings=dict(self.settings))
 
 
 def workload_from_env(env: Mapping[str, str]) -> Workload:
-    """Read FEDAT_DATASET, FEDAT_DATA_ROOT, FEDAT_MODEL, FEDAT_PARTITION, FEDAT_NUM_CLIENTS, ... ."""
+    """FEDAT_APP, FEDAT_NUM_CLIENTS and FEDAT_SEED, and every FEDAT_* variable for the app."""
     d = Workload()
     return Workload(
-        dataset=config.get_str(env, "FEDAT_DATASET", d.dataset),
-        data_root=config.get_str(env, "FEDAT_DATA_ROOT", d.data_root),
-        model=config.get_str(env, "FEDAT_MODEL", d.model),
-        scheme=config.get_str(env, "FEDAT_PARTITION", d.scheme),
+        app=config.get_str(env, "FEDAT_APP", d.app),
         num_clients=config.get_int(env, "FEDAT_NUM_CLIENTS", d.num_clients),
-        classes_per_client=config.get_int(env, "FEDAT_CLASSES_PER_CLIENT", d.classes_per_client),
-        alpha=config.get_float(env, "FEDAT_DIRICHLET_ALPHA", d.alpha),
-        samples_per_client=config.get_int(env, "FEDAT_SAMPLES_PER_CLIENT", d.samples_per_client),
         seed=config.get_int(env, "FEDAT_SEED", d.seed),
+        settings=tuple(sorted((k, v) for k, v in env.items() if k.startswith("FEDAT_"))),
     )
 
 
-def _cap(c: ClientData, n: int) -> ClientData:
-    test = max(1, n // 4)
-    return replace(c, x_train=c.x_train[:n], y_train=c.y_train[:n], x_test=c.x_test[:test], y_test=c.y_test[:test])
-
-
-def load_clients(w: Workload) -> tuple[list[ClientData], int]:
-    """The federated clients and the number of classes."""
-    if w.dataset not in LOADERS:
-        raise config.ConfigError(f"FEDAT_DATASET={w.dataset!r} is not one of {sorted(LOADERS)}")
-    ds = LOADERS[w.dataset](w.data_root) if w.data_root else LOADERS[w.dataset]()
-    clients = federate(
-        ds,
-        scheme=w.scheme,
-        num_clients=w.num_clients,
-        seed=w.seed,
-        classes_per_client=w.classes_per_client,
-        alpha=w.alpha,
-    )
-    if w.samples_per_client:
-        clients = [_cap(c, w.samples_per_client) for c in clients]
-    return clients, ds.num_classes
+def load_clients(w: Workload, app: App | None = None) -> list[ClientData]:
+    """Every logical client's data, from the app (checked)."""
+    app = app or load_app(w.app)
+    return [client_data(app, w.context(k)) for k in range(w.num_clients)]
 
 
 def build(w: Workload, threads: int, stopping: Callable[[], bool] = lambda: False):
-    """Clients, model and trainer for this process (imports TensorFlow)."""
-    from fedat_worker.models import build_model, configure_threads
-    from fedat_worker.trainer import LocalTrainer
+    """Clients, model and trainer for this process (imports TensorFlow); AppError if the app's parts do not fit."""
+    from fedat_worker.models import configure_threads
 
     configure_threads(threads)
-    clients, num_classes = load_clients(w)
-    model = build_model(w.model, tuple(clients[0].x_train.shape[1:]), num_classes, seed=w.seed)
-    return clients, model, LocalTrainer(model, stopping=stopping)
+    app = load_app(w.app)
+    clients = load_clients(w, app)
+    model, trainer = model_and_trainer(app, w.context(-1), clients[0], f"app {w.app}", stopping)
+    return clients, model, trainer
+
+
+def model_and_trainer(app: App, ctx: Context, data: ClientData, who: str, stopping: Callable[[], bool]):
+    """The app's model, checked against a client's data, and the trainer around it, with the app's own settings
+    winning over a task's (imports TensorFlow)."""
+    from fedat_worker.trainer import LocalTrainer
+
+    model = app.model(ctx)
+    check_model(model, data, who)
+    overrides = Overrides(app.learning_rate, app.batch_size, app.epochs)
+    return model, tuned(LocalTrainer(model, stopping=stopping), overrides)

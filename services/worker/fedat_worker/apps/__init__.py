@@ -1,0 +1,1 @@
+"""Apps that ship with the project: the paper's workloads (`builtin`)."""

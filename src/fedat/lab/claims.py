@@ -1,0 +1,480 @@
+"""The paper's claims, the records that test each one, and the rule that turns those records into a verdict.
+
+A claim names a comparison, a subject method and the methods it is said to beat. Each (subject, comparator) pair is
+judged on the seeds both ran, cut to the longest virtual budget every one of those seeds reaches (a simulation is
+deterministic, so a longer run's first minutes are the shorter run), seed by seed, under the claim's rule. Everything
+here is a pure function of the records, so `fedat tabulate` recomputes every verdict whenever a record lands.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from fedat.lab.compare import quarter_rise, tail_mean
+from fedat.lab.sweep import mean_std, truncated
+
+HOLDS, PARTLY, FAILS, PENDING = "holds", "partly", "does not hold", "pending"
+FLAT_RISE = 0.02  # a curve counts as flat when its last quarter's mean is within this of the quarter's before
+LEVEL = 0.01  # "loses nothing": at most this far below, in both accuracy measures
+
+# How a method is named in the report; a participation method's "-k2" is dropped (the claim says which k).
+LABELS = {
+    "fedat": "FedAT",
+    "fedat-uniform": "uniform weights",
+    "fedat-step": "appendix rule",
+    "fedat-delta": "full step",
+    "fedat-delta-decay": "decayed step",
+    "fedavg": "FedAvg",
+    "fedavg-lr3e-4": "FedAvg lr 3e-4",
+    "fedavg-lr3e-3": "FedAvg lr 3e-3",
+    "fedprox": "FedProx",
+    "tifl": "TiFL",
+    "fedasync": "FedAsync (20 at once)",
+    "fedasync-all": "FedAsync (all at once)",
+    "fedbuff": "FedBuff",
+    "aso-fed": "ASO-Fed",
+    "p3": "precision 3",
+    "p6": "precision 6",
+    "raw": "raw float32",
+    "fedat-dz": "FedAT, delta codec",
+    "fedavg-dz": "FedAvg, delta codec",
+    "tifl-dz": "TiFL, delta codec",
+    "fedasync-dz": "FedAsync, delta codec",
+    "uniform": "Uniform",
+    "slow": "Slow",
+    "medium": "Medium",
+    "fast": "Fast",
+}
+
+
+def label(method: str, overrides: Mapping[str, str] | None = None) -> str:
+    """A method's name in the report."""
+    if overrides and method in overrides:
+        return overrides[method]
+    base, _, k = method.rpartition("-k")
+    return LABELS.get(base if base and k.isdigit() else method, method)
+
+
+@dataclass(frozen=True)
+class Seed:
+    """One seed's numbers, as the rules read them."""
+
+    seed: int
+    best: float | None
+    tail: float | None
+    rise: float | None
+    variance: float | None
+    reach: tuple[float, int, int] | None  # (s, bytes up + down, bytes up) at the first evaluation at the target
+
+
+def measure(rec: dict, target: float | None) -> Seed:
+    """A record's numbers for the rules (the record already cut to the pair's budget)."""
+    curve = [tuple(p) for p in rec["curve"]]
+    end = rec["virtual_minutes"] * 60.0
+    hit = None
+    if target is not None:
+        hit = next(((t, up + down, up) for t, acc, up, down in curve if acc >= target), None)
+    return Seed(
+        rec["seed"],
+        rec["summary"].get("best_accuracy"),
+        tail_mean(curve, end),
+        quarter_rise(curve, end),
+        rec["summary"].get("best_accuracy_variance"),
+        hit,
+    )
+
+
+def _sign(x: float) -> int:
+    return (x > 0) - (x < 0)
+
+
+def _higher(a: Seed, b: Seed) -> int:
+    if None in (a.best, b.best, a.tail, b.tail):
+        return 0
+    signs = {_sign(a.best - b.best), _sign(a.tail - b.tail)}
+    return signs.pop() if len(signs) == 1 else 0
+
+
+def _level(a: Seed, b: Seed) -> int:
+    if None in (a.best, b.best, a.tail, b.tail):
+        return 0
+    ok = [a.best >= b.best - LEVEL, a.tail >= b.tail - LEVEL]
+    return 1 if all(ok) else -1 if not any(ok) else 0
+
+
+def _lower_variance(a: Seed, b: Seed) -> int:
+    return 0 if a.variance is None or b.variance is None else _sign(b.variance - a.variance)
+
+
+def _first(index: int) -> Callable[[Seed, Seed], int]:
+    def rule(a: Seed, b: Seed) -> int:
+        # a run that never reaches the target is infinitely late and infinitely costly; two such runs tie
+        x = a.reach[index] if a.reach else math.inf
+        y = b.reach[index] if b.reach else math.inf
+        return _sign(y - x)
+
+    return rule
+
+
+@dataclass(frozen=True)
+class Rule:
+    """How one seed's pair is scored: +1 the subject wins it, -1 it loses it, 0 split or tie."""
+
+    says: str  # the rule in words, for the report
+    score: Callable[[Seed, Seed], int]
+
+
+RULES = {
+    "higher": Rule(
+        "on a seed the subject wins when both its best accuracy (the paper's measure) and its last-quarter mean are "
+        "above the comparator's, loses when both are below, and splits the seed otherwise",
+        _higher,
+    ),
+    "level": Rule(
+        f"on a seed the subject wins when neither its best accuracy nor its last-quarter mean is more than {LEVEL} "
+        f"below the comparator's, loses when both are, and splits the seed otherwise",
+        _level,
+    ),
+    "lower-variance": Rule(
+        "on a seed the subject wins when the variance of the per-client accuracies at its best evaluation is below "
+        "the comparator's",
+        _lower_variance,
+    ),
+    "sooner": Rule(
+        "on a seed the subject wins when it reaches the target accuracy in less virtual time (a run that never "
+        "reaches it counts as infinitely late; two such runs tie)",
+        _first(0),
+    ),
+    "cheaper": Rule(
+        "on a seed the subject wins when it reaches the target with fewer MB sent up and down (never reaching it "
+        "counts as infinitely many; two such runs tie)",
+        _first(1),
+    ),
+    "cheaper-upload": Rule(
+        "on a seed the subject wins when it reaches the target with fewer MB uploaded",
+        _first(2),
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One row of a claims table: what is claimed, the paper's number, and where the records are."""
+
+    key: str  # the row's id and its figure's file name
+    says: str  # the claim, shortened
+    paper: str  # the paper's number(s), or "—"
+    comparison: str
+    subject: str
+    against: tuple[str, ...]  # every one must be beaten; with `tuned`, the best of them stands for one method
+    rule: str = "higher"
+    target: float | None = None  # accuracy for "sooner"/"cheaper" and for the figure's bars
+    tuned: bool = False  # `against` is one method at several learning rates: the paper tunes it and keeps the best
+    relative: bool = False  # show the subject against the comparator in % of the comparator (as the paper does)
+    beaten: bool = False  # the claim is that every comparator beats the subject (its seeds' scores change sign)
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Pair:
+    """The subject against one comparator on their common seeds at their common budget."""
+
+    against: str
+    budget: float
+    subject: list[Seed]
+    other: list[Seed]
+    scores: list[int]
+    records: tuple[list[dict], list[dict]]  # the cut records, for the figure
+    uncut: tuple[list[dict], list[dict]]  # the same seeds' whole records: one may have run on past the budget
+
+    @property
+    def verdict(self) -> str:
+        """holds: every seed won; does not hold: every seed lost; partly: anything else."""
+        if all(s > 0 for s in self.scores):
+            return HOLDS
+        if all(s < 0 for s in self.scores):
+            return FAILS
+        return PARTLY
+
+    @property
+    def flat(self) -> bool:
+        """Whether both methods' mean last-quarter rise is within FLAT_RISE (both converged at this budget)."""
+        for seeds in (self.subject, self.other):
+            rises = [s.rise for s in seeds if s.rise is not None]
+            if not rises or mean_std(rises)[0] > FLAT_RISE:
+                return False
+        return True
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A claim with its pairs, the comparators without records and the verdict."""
+
+    claim: Claim
+    pairs: list[Pair]
+    missing: list[str]
+    chosen: str | None  # with `tuned`: the learning rate's method that stands for the comparator
+
+    @property
+    def verdict(self) -> str:
+        """holds against every comparator → holds; does not hold against any → does not hold; else partly.
+
+        A comparator without records leaves the claim pending unless it already fails against another."""
+        verdicts = [p.verdict for p in self.pairs]
+        if FAILS in verdicts:
+            return FAILS
+        if self.missing or not verdicts:
+            return PENDING
+        return HOLDS if all(v == HOLDS for v in verdicts) else PARTLY
+
+
+def pair(subject: Sequence[dict], other: Sequence[dict], against: str, rule: str, target: float | None) -> Pair | None:
+    """Both methods on the seeds both ran, cut to the longest budget all those seeds reach; None if no common seed."""
+    by_seed = {r["seed"]: r for r in other}
+    both = [(a, by_seed[a["seed"]]) for a in subject if a["seed"] in by_seed]
+    if not both:
+        return None
+    budget = min(min(a["virtual_minutes"], b["virtual_minutes"]) for a, b in both)
+    cut = [(truncated(a, budget), truncated(b, budget)) for a, b in both]
+    mine = [measure(a, target) for a, _ in cut]
+    theirs = [measure(b, target) for _, b in cut]
+    scores = [RULES[rule].score(a, b) for a, b in zip(mine, theirs, strict=True)]
+    return Pair(
+        against,
+        budget,
+        mine,
+        theirs,
+        scores,
+        ([a for a, _ in cut], [b for _, b in cut]),
+        ([a for a, _ in both], [b for _, b in both]),
+    )
+
+
+def tuned_choice(methods: Mapping[str, Sequence[dict]], candidates: Sequence[str]) -> str:
+    """The candidate with the highest mean best accuracy on the seeds all ran, at the budget all of them reach."""
+    seeds = set.intersection(*({r["seed"] for r in methods[c]} for c in candidates))
+    chosen = {c: [r for r in methods[c] if r["seed"] in seeds] for c in candidates}
+    budget = min(r["virtual_minutes"] for rs in chosen.values() for r in rs)
+
+    def mean_best(c: str) -> float:
+        return mean_std([truncated(r, budget)["summary"]["best_accuracy"] for r in chosen[c]])[0]
+
+    return max(candidates, key=lambda c: (mean_best(c), -candidates.index(c)))
+
+
+def judge(claim: Claim, records: Mapping[str, Mapping[str, Sequence[dict]]]) -> Judged:
+    """The claim's verdict from the records (comparison → method → records)."""
+    methods = records.get(claim.comparison, {})
+    missing = [m for m in claim.against if not methods.get(m)]
+    if not methods.get(claim.subject):
+        return Judged(claim, [], [claim.subject, *missing], None)
+    chosen = None
+    against = list(claim.against)
+    if claim.tuned:
+        if missing:
+            return Judged(claim, [], missing, None)
+        chosen = tuned_choice(methods, claim.against)
+        against = [chosen]
+    pairs = []
+    for other in against:
+        if other in missing:
+            continue
+        p = pair(methods[claim.subject], methods[other], other, claim.rule, claim.target)
+        if p is None:
+            missing.append(other)
+        else:
+            pairs.append(replace(p, scores=[-s for s in p.scores]) if claim.beaten else p)
+    return Judged(claim, pairs, missing, chosen)
+
+
+PAPER = "compare-fmnist2-paper"
+DEVICE = "compare-fmnist2-grid"
+TWEETS = "compare-tweets-paper"
+BASELINES = ("tifl", "fedavg", "fedprox", "fedasync-all")  # the paper's Table 1 methods, FedAsync as it ran it
+WEIGHTING = "+1.39 to +4.05 %"
+
+# The paper's claims (FMNIST #2 unless a row names another task), in the order of its evaluation section.
+CLAIMS = (
+    Claim("a1", "more accurate than TiFL", "0.873 vs 0.859", PAPER, "fedat", ("tifl",)),
+    Claim(
+        "a2",
+        "more accurate than FedAvg, at every method's learning rate",
+        "0.873 vs 0.842",
+        PAPER,
+        "fedat",
+        ("fedavg",),
+    ),
+    Claim(
+        "a3",
+        "↳ FedAvg at its best learning rate of 3e-4, 1e-3, 3e-3",
+        "0.873 vs 0.842",
+        PAPER,
+        "fedat",
+        ("fedavg-lr3e-4", "fedavg", "fedavg-lr3e-3"),
+        tuned=True,
+    ),
+    Claim("a4", "more accurate than FedProx", "0.873 vs 0.831", PAPER, "fedat", ("fedprox",)),
+    Claim(
+        "a5",
+        "more accurate than FedAsync, every client at once (as the paper ran it)",
+        "0.873 vs 0.795",
+        PAPER,
+        "fedat",
+        ("fedasync-all",),
+    ),
+    Claim("a6", "↳ FedAsync tuned: 20 clients at once", "0.873 vs 0.795", PAPER, "fedat", ("fedasync",)),
+    Claim(
+        "a7",
+        "↳ FedAT with the appendix's cross-tier rule, against all four",
+        "0.873 vs ≤ 0.859",
+        PAPER,
+        "fedat-step",
+        BASELINES,
+    ),
+    Claim(
+        "v1",
+        "lowest per-client accuracy variance",
+        "others 1.29–2.24× FedAT's",
+        PAPER,
+        "fedat",
+        BASELINES,
+        rule="lower-variance",
+    ),
+    Claim(
+        "t1",
+        "reaches the target sooner (0.79)",
+        "others 5.3–5.8× slower (CIFAR-10)",
+        PAPER,
+        "fedat",
+        ("tifl", "fedavg", "fedprox"),
+        rule="sooner",
+        target=0.79,
+    ),
+    Claim(
+        "m1",
+        "least traffic to the target (0.79, Table 2)",
+        "1,042 MB; others 1,042–9,896",
+        PAPER,
+        "fedat",
+        BASELINES,
+        rule="cheaper",
+        target=0.79,
+    ),
+    Claim("w1", "its weighting beats uniform weights", WEIGHTING, PAPER, "fedat", ("fedat-uniform",), relative=True),
+    Claim(
+        "w2",
+        "↳ the weighting as the appendix's step",
+        WEIGHTING,
+        PAPER,
+        "fedat-step",
+        ("fedat-uniform",),
+        relative=True,
+    ),
+    Claim("w3", "↳ device regime", WEIGHTING, DEVICE, "fedat", ("fedat-uniform",), relative=True),
+    Claim(
+        "w4", "↳ device regime, the appendix's step", WEIGHTING, DEVICE, "fedat-step", ("fedat-uniform",), relative=True
+    ),
+    Claim("w5", "↳ tweets", WEIGHTING, TWEETS, "fedat", ("fedat-uniform",), relative=True),
+    Claim(
+        "s1",
+        "tweets: more accurate than FedAvg, TiFL, FedAsync",
+        "0.748 vs 0.739–0.741",
+        TWEETS,
+        "fedat",
+        ("fedavg", "tifl", "fedasync"),
+    ),
+    Claim(
+        "p1",
+        "2 clients a round: more accurate than FedAvg, TiFL, FedProx",
+        "+14.5, +14.3, +16.9 % (CIFAR-10)",
+        "compare-participation-paper",
+        "fedat-k2",
+        ("fedavg-k2", "tifl-k2", "fedprox-k2"),
+        relative=True,
+    ),
+    Claim(
+        "c1",
+        "precision 3 loses accuracy against precision 4",
+        "precision 3 the lowest",
+        "compare-precision-paper",
+        "fedat",
+        ("p3",),
+        labels={"fedat": "precision 4"},
+    ),
+    Claim(
+        "c2",
+        "precision 4 loses none against precision 6 and raw",
+        "close to raw",
+        "compare-precision-paper",
+        "fedat",
+        ("p6", "raw"),
+        rule="level",
+        labels={"fedat": "precision 4"},
+    ),
+    Claim(
+        "c3",
+        "precision 4 uploads less to the target (0.60)",
+        "-36 % vs precision 6, -67 % vs raw",
+        "compare-precision-paper",
+        "fedat",
+        ("p6", "raw"),
+        rule="cheaper-upload",
+        target=0.6,
+        relative=True,
+        labels={"fedat": "precision 4"},
+    ),
+    Claim(
+        "z1",
+        "500 clients: Fast tiers behind Slow and Medium",
+        "slightly",
+        "compare-tier-sizes-paper",
+        "fast",
+        ("slow", "medium"),
+        beaten=True,
+    ),
+)
+
+# What the project adds: the decayed step (fedat-delta with server_lr_decay), against the paper's rules and baselines.
+BEYOND = (
+    Claim("d1", "more accurate than FedAT", "—", PAPER, "fedat-delta-decay", ("fedat",)),
+    Claim("d2", "more accurate than uniform weights", "—", PAPER, "fedat-delta-decay", ("fedat-uniform",)),
+    Claim("d3", "more accurate than the appendix's rule", "—", PAPER, "fedat-delta-decay", ("fedat-step",)),
+    Claim("d4", "more accurate than TiFL", "—", PAPER, "fedat-delta-decay", ("tifl",)),
+    Claim("d5", "more accurate than FedAsync, all at once", "—", PAPER, "fedat-delta-decay", ("fedasync-all",)),
+    Claim("d6", "more accurate than FedAsync, 20 at once", "—", PAPER, "fedat-delta-decay", ("fedasync",)),
+    Claim(
+        "d7", "lower per-client variance than FedAT", "—", PAPER, "fedat-delta-decay", ("fedat",), rule="lower-variance"
+    ),
+    Claim(
+        "d8", "less traffic than FedAT to 0.70", "—", PAPER, "fedat-delta-decay", ("fedat",), rule="cheaper", target=0.7
+    ),
+    Claim("d9", "device regime: more accurate than FedAT", "—", DEVICE, "fedat-delta-decay", ("fedat",)),
+    Claim("d10", "↳ than uniform weights", "—", DEVICE, "fedat-delta-decay", ("fedat-uniform",)),
+    Claim("d11", "↳ than the appendix's rule", "—", DEVICE, "fedat-delta-decay", ("fedat-step",)),
+    Claim("d12", "tweets: more accurate than FedAT", "—", TWEETS, "fedat-delta-decay", ("fedat",)),
+    Claim("d13", "↳ than uniform weights", "—", TWEETS, "fedat-delta-decay", ("fedat-uniform",)),
+    # The delta codec (`codec: delta`): the same FedAT, its models sent as zstd-packed deltas instead of polylines.
+    Claim(
+        "k1",
+        "delta codec: less traffic than polyline to 0.70",
+        "—",
+        PAPER,
+        "fedat-dz",
+        ("fedat",),
+        rule="cheaper",
+        target=0.7,
+    ),
+    Claim("k2", "↳ as accurate as polyline", "—", PAPER, "fedat-dz", ("fedat",), rule="level"),
+    Claim(
+        "k3",
+        "↳ least traffic to 0.70 when every method sends deltas",
+        "—",
+        PAPER,
+        "fedat-dz",
+        ("tifl-dz", "fedavg-dz", "fedasync-dz"),
+        rule="cheaper",
+        target=0.7,
+    ),
+)

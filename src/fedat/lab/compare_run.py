@@ -1,0 +1,117 @@
+"""`fedat compare`: run several methods one after another with the same data, seed and budget, then tabulate."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from fedat.deploy.experiment import Experiment, check_settings, load_experiment
+from fedat.lab.compare import MethodResult, accuracy_table, traffic_table
+from fedat.lab.run import run
+
+
+def load_comparison(path: Path) -> tuple[str, float, list[float], list[Experiment]]:
+    """A comparison file: a base experiment plus per-method setting overrides."""
+    raw = yaml.safe_load(path.read_text())
+    if not isinstance(raw, dict) or not isinstance(raw.get("methods"), dict) or "base" not in raw:
+        raise ValueError(f"{path}: expected 'name', 'base' (an experiment file), 'targets' and a 'methods' map")
+    base = load_experiment(path.parent / raw["base"])
+    name = str(raw.get("name", path.stem))
+    minutes = float(raw.get("minutes", base.minutes))
+    exps = [
+        Experiment(
+            f"{name}-{method}",
+            int(raw.get("workers", base.workers)),
+            minutes,
+            {**base.settings, **check_settings(overrides or {}, f"{path}: method {method}")},
+        )
+        for method, overrides in raw["methods"].items()
+    ]
+    return name, minutes, [float(t) for t in raw.get("targets", [0.5])], exps
+
+
+@dataclass(frozen=True)
+class SimulationPlan:
+    """A comparison file's `simulate:` section: virtual minutes per run, seeds, and the methods run on one seed."""
+
+    virtual_minutes: float
+    seeds: tuple[int, ...]
+    single_seed: tuple[str, ...] = ()
+
+
+def simulation_plan(path: Path) -> SimulationPlan:
+    """The `simulate:` section of a comparison file (default: its minutes, its seed, every method)."""
+    raw = yaml.safe_load(path.read_text())
+    sim = raw.get("simulate") or {}
+    unknown = sorted(set(sim) - {"virtual_minutes", "seeds", "single_seed"})
+    if unknown:
+        raise ValueError(f"{path}: unknown key(s) {unknown} in 'simulate' (virtual_minutes, seeds, single_seed)")
+    _, minutes, _, exps = load_comparison(path)
+    methods = [e.name.removeprefix(f"{raw.get('name', path.stem)}-") for e in exps]
+    single = tuple(str(m) for m in sim.get("single_seed", ()))
+    if set(single) - set(methods):
+        raise ValueError(f"{path}: simulate.single_seed names unknown method(s) {sorted(set(single) - set(methods))}")
+    seeds = tuple(int(s) for s in sim.get("seeds", [exps[0].settings.get("seed", 0)]))
+    return SimulationPlan(float(sim.get("virtual_minutes", minutes)), seeds, single)
+
+
+def curve(run_dir: Path) -> list[tuple[float, float, int, int]]:
+    """(time, accuracy, bytes up, bytes down) of every evaluation of a run."""
+    events = [json.loads(x) for x in (run_dir / "events.jsonl").read_text().splitlines()]
+    return [(e["time"], e["accuracy"], e["bytes_up"], e["bytes_down"]) for e in events if e["event"] == "evaluation"]
+
+
+def compare(path: Path, results: Path, minutes: float | None = None) -> str:
+    """Run every method of the comparison file; write compare.md, compare.json and the plots; return the Markdown."""
+    name, budget, targets, exps = load_comparison(path)
+    budget = budget if minutes is None else minutes
+    out = results / f"{time.strftime('%Y%m%d-%H%M%S')}-{name}"
+    out.mkdir(parents=True)
+    done: list[MethodResult] = []
+    for exp in exps:
+        method = exp.name.removeprefix(f"{name}-")
+        print(f"[fedat compare] {method}: {budget:g} min", flush=True)
+        summary = run(exp, out, budget, tag=method)
+        done.append(MethodResult(method, summary, curve(Path(summary["run_dir"]))))
+    seed = exps[0].settings.get("seed", 0)
+    methods = {r.name: {"summary": r.summary, "curve": r.curve} for r in done}
+    meta = {"name": name, "minutes": budget, "targets": targets, "seed": seed}
+    (out / "compare.json").write_text(json.dumps({**meta, "methods": methods}, indent=2))
+    md = report(out, name, budget, targets, seed, done)
+    print(md, flush=True)
+    return md
+
+
+def tabulate(out: Path) -> str:
+    """Rewrite compare.md and the plots of a finished comparison from its compare.json alone (e.g. new columns)."""
+    raw = json.loads((out / "compare.json").read_text())
+    done = [MethodResult(m, r["summary"], [tuple(p) for p in r["curve"]]) for m, r in raw["methods"].items()]
+    return report(out, raw["name"], raw["minutes"], raw["targets"], raw["seed"], done)
+
+
+def report(out: Path, name: str, budget: float, targets: list[float], seed: int, done: list[MethodResult]) -> str:
+    """Write compare.md and the plots; return the Markdown."""
+    reference = "fedat" if any(r.name == "fedat" for r in done) else done[0].name
+    md = "\n\n".join(
+        [
+            f"# {name}: {len(done)} methods, {budget:g} min each, seed {seed}",
+            "## Accuracy and per-client variance (the paper's Table 1)",
+            accuracy_table(done, budget * 60, reference),
+            "## Traffic and time to target accuracy (the paper's Table 2)",
+            traffic_table(done, targets, reference),
+            "## Rounds per tier",
+            "\n".join(f"- {r.name}: {r.summary.get('tier_rounds')}" for r in done),
+        ]
+    )
+    (out / "compare.md").write_text(md + "\n")
+    try:
+        from fedat.lab.plots import plot_comparison
+
+        plot_comparison(out, done)
+    except ImportError:
+        pass
+    return md

@@ -1,0 +1,190 @@
+"""Checkpoints as a snapshot and a journal: each model written once, the latest checkpoint found again, and a
+checkpoint's size independent of how many models the state holds."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry
+
+from fedat.errors import CheckpointError
+from fedat.fl.strategies import build_strategy
+from fedat.protocol import checkpoint, journal, topology, wire
+from fedat.protocol.checkpoint import Checkpoint
+from fedat.protocol.modelstore import Models
+from fedat.protocol.service import Inbound
+from fedat.runtime import bus
+from fedat.runtime.metrics import transport_metrics
+from fedat_aggregator.aggregator import Aggregator, AggregatorConfig
+from fedat_sim.clock import Clock
+from fedat_sim.memory import MemoryBroker
+
+SHAPES = [(40, 25), (25,), (25, 4), (4,)]
+NAMES = [f"l{i}" for i in range(len(SHAPES))]
+MODEL_BYTES = 4 * sum(int(np.prod(s)) for s in SHAPES)
+
+
+class Saver:
+    """The aggregator behind the production Runner on a memory broker: its checkpoints as the broker holds them."""
+
+    def __init__(self, strategy, tiers: int = 1):
+        self.broker = MemoryBroker(Clock())
+        self.broker.declare_topology(tiers)
+        self.cfg = bus.BrokerConfig(num_tiers=tiers)
+        self.service = Aggregator(AggregatorConfig(num_tiers=tiers, codec="raw"), strategy)
+        self.runner = self.fresh()
+        self.rng = np.random.default_rng(0)
+        self.w0 = [self.rng.normal(0, 0.05, s).astype(np.float32) for s in SHAPES]
+        self.arrivals = 0
+        self.transition(self.service.on_global, wire.seed_model(self.w0, NAMES, tiers, "raw", 4, 0.0))
+
+    def fresh(self) -> bus.Runner:
+        """A new process: its Runner, restored from the broker."""
+        runner = bus.Runner(self.service, self.cfg, transport_metrics(CollectorRegistry(), "a"), lambda: 0.0, True)
+        runner.restore(self.broker.connect("aggregator").channel())
+        return runner
+
+    def transition(self, handler, message) -> int:
+        """Run one handler through the Runner's save; the bytes it wrote."""
+        r = self.runner
+        state, fx = handler(r.state, Inbound("q", message, 0, False, 0, 0.0), 0.0, {})
+        before = r.store.written
+        r.save(self.broker.connect("aggregator").channel(), state, bus.encode_all(fx.publish, self.cfg))
+        r.state = state
+        return r.store.written - before
+
+    def arrive(self, clients: tuple[int, ...], tier: int = 1) -> int:
+        """A tier model of `clients`, trained from the version before the newest; the bytes its checkpoint wrote."""
+        self.arrivals += 1
+        weights = [(w + self.rng.normal(0, 0.01, w.shape)).astype(np.float32) for w in self.w0]
+        base = max(0, self.runner.state.version - 1)
+        layers = wire.encode_model(weights, NAMES, "raw")
+        tm = wire.TierModel(f"tm{tier}-r{self.arrivals}", tier, self.arrivals, base, 10, clients, 0, 0, 0, 0.0, layers)
+        return self.transition(self.service.on_tier_model, tm)
+
+    def queued(self, queue: str) -> list[bytes]:
+        return [e.body for e in self.broker.ready_messages(queue)]
+
+
+def _same(a, b) -> bool:
+    from .test_statecodec import _same as same
+
+    return same(a, b)
+
+
+@pytest.mark.parametrize("history", [4, 32])
+def test_fedbuff_writes_per_arrival_what_arrived_however_long_its_history(history):
+    s = Saver(build_strategy("fedbuff", buffer_size=2, history=history))
+    sizes = [s.arrive((k,)) for k in range(60)]
+    # an arrival's entry carries its tier model and the buffer (float64), or with a step the global model and its
+    # version; the history's versions were written when each was new. A snapshot now and then holds them all.
+    entries = sorted(sizes)[: len(sizes) // 2]
+    assert max(entries) < 5 * MODEL_BYTES
+    assert len(s.queued(topology.journal_queue("aggregator"))) > 0  # journalled, not rewritten
+
+
+def test_aso_fed_writes_per_arrival_what_arrived_however_many_clients_it_heard_from():
+    s = Saver(build_strategy("aso-fed"))
+    few = [s.arrive((k % 5,)) for k in range(20)]
+    many = [s.arrive((100 + k,)) for k in range(80)]  # 80 more clients, each a copy of its own
+    assert len(s.runner.state.strategy_state.models) == 85
+    # the median arrival is an entry: its tier model, the running sums (float64), the global model and the outbox,
+    # and the state's references, about 230 bytes a client; the 85 copies themselves are not written again
+    assert sorted(few)[10] < 8 * MODEL_BYTES
+    assert sorted(many)[40] < sorted(few)[10] + 300 * 85 < 85 * MODEL_BYTES
+
+
+@pytest.mark.parametrize("strategy", ["fedat", "fedbuff", "aso-fed", "fedat-delta", "tifl"])
+def test_a_restarted_process_restores_the_state_it_saved(strategy):
+    s = Saver(build_strategy(strategy), tiers=3)
+    for k in range(40):
+        s.arrive((k % 7, 7 + k % 5), tier=1 + k % 3)
+    held = [s.queued(q) for q in (topology.state_queue("aggregator"), topology.journal_queue("aggregator"))]
+    again = s.fresh()
+    assert again.seq == s.runner.seq and _same(again.state, s.runner.state)
+    # a restart takes nothing from the queues it reads
+    assert [s.queued(q) for q in (topology.state_queue("aggregator"), topology.journal_queue("aggregator"))] == held
+    assert s.broker.audit() == []
+
+
+def test_the_journal_is_dropped_once_a_snapshot_supersedes_it_and_restore_reads_boundedly():
+    s = Saver(build_strategy("fedbuff", buffer_size=3, history=8))
+    held = []
+    for k in range(120):
+        s.arrive((k,))
+        held.append(sum(map(len, s.queued(topology.journal_queue("aggregator")))))
+    snapshot = len(s.queued(topology.state_queue("aggregator"))[0])
+    assert held.count(0) >= 2  # purged after each snapshot
+    whole = journal.size(checkpoint.decode(s.queued(topology.state_queue("aggregator"))[0], "aggregator"))
+    assert max(held) <= (journal.RATIO + 1) * whole and snapshot > 0
+
+
+def test_a_crash_between_a_snapshot_and_the_purge_leaves_entries_that_are_ignored_then_dropped():
+    s = Saver(build_strategy("fedbuff", buffer_size=2, history=8))
+    for k in range(30):
+        s.arrive((k,))
+    while not s.queued(topology.journal_queue("aggregator")):
+        s.arrive((0,))
+    snap = checkpoint.decode(s.queued(topology.state_queue("aggregator"))[0], "aggregator")
+    entries = s.queued(topology.journal_queue("aggregator"))
+    # the next snapshot lands, the process dies before it purges: the journal holds entries of the older snapshot
+    newer = replace(journal.latest("aggregator", checkpoint.encode(snap), entries).checkpoint, base=None)
+    newer = replace(newer, seq=s.runner.seq + 1)
+    ch = s.broker.connect("x").channel()
+    bus.BrokerStore("aggregator").save(ch, newer)
+    again = s.fresh()
+    assert again.seq == newer.seq and s.queued(topology.journal_queue("aggregator")) == []
+    assert _same(again.state, s.runner.state)
+
+
+def test_the_latest_checkpoint_is_refused_when_the_journal_has_a_gap_or_no_snapshot():
+    s = Saver(build_strategy("fedbuff", buffer_size=2, history=8))
+    for k in range(12):
+        s.arrive((k,))
+    snapshot = s.queued(topology.state_queue("aggregator"))[0]
+    entries = s.queued(topology.journal_queue("aggregator"))
+    assert len(entries) >= 3
+    last = journal.latest("aggregator", snapshot, entries).checkpoint
+    assert last.seq == s.runner.seq
+    with pytest.raises(CheckpointError, match="has entry .* where .* should be"):
+        journal.latest("aggregator", snapshot, entries[:1] + entries[2:])
+    with pytest.raises(CheckpointError, match="no snapshot they extend"):
+        journal.latest("aggregator", None, entries)
+    # a duplicated publish is the same entry; two different entries of one number are not
+    assert journal.latest("aggregator", snapshot, [*entries, entries[1]]).checkpoint.seq == last.seq
+    other = checkpoint.encode(replace(checkpoint.decode(entries[1], "aggregator"), saved_at=99.0))
+    with pytest.raises(CheckpointError, match="two different journal entries"):
+        journal.latest("aggregator", snapshot, [*entries, other])
+    # a state that refers to a model no record carries is refused by the state codec, naming the model
+    lost = replace(last, models={})
+    with pytest.raises(ValueError, match="stored model [0-9a-f]+"):
+        s.service.codec.decode(lost.state, lost.models)
+
+
+def test_a_checkpoint_written_before_journals_restores_and_the_next_save_is_a_snapshot():
+    s = Saver(build_strategy("fedbuff", buffer_size=2, history=8))
+    for k in range(5):
+        s.arrive((k,))
+    state = s.runner.state
+    broker = MemoryBroker(Clock())
+    broker.declare_topology(1)
+    old = Checkpoint("aggregator", 9, 0.0, s.service.codec.encode(state), ())  # arrays inline, format 1
+    ch = broker.connect("x").channel()
+    bus.BrokerStore("aggregator").save(ch, old)
+    s.broker, s.runner = broker, None
+    s.runner = s.fresh()
+    assert s.runner.seq == 9 and _same(s.runner.state, state)
+    s.arrive((99,))
+    saved = checkpoint.decode(s.queued(topology.state_queue("aggregator"))[0], "aggregator")
+    assert saved.seq == 10 and saved.base is None and saved.models  # a snapshot, format 2: older code refuses it
+
+
+def test_a_state_without_stored_arrays_is_saved_as_before():
+    models = Models()
+    models.begin()
+    c = Checkpoint("profiler", 3, 0.0, b"state", ())
+    record = journal.Journal().record(c, models.end())
+    assert record == c and not record.journalled
+    assert checkpoint.encode(record) == checkpoint.encode(Checkpoint("profiler", 3, 0.0, b"state", ()))

@@ -1,0 +1,146 @@
+"""The results report: the committed one is exactly what the committed records make, and its pieces behave."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import matplotlib
+import PIL
+import pytest
+from PIL import Image
+
+from fedat.lab import claims, pipeline_tables, plots, report, sweep
+from fedat.lab.compare_run import simulation_plan
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+SIM = DOCS / "summaries" / "sim"
+REBUILD = "fedat tabulate --sweeps docs/summaries/sim --into docs/results.md"
+
+
+def committed() -> report.Report:
+    """The report the committed records make, generated as `fedat tabulate` does."""
+    records = sweep.load_records(SIM)
+    files = {c: ROOT / "experiments" / f"{c}.yaml" for c in records}
+    planned = {c: simulation_plan(f).virtual_minutes for c, f in files.items() if f.is_file()}
+    return report.generate(records, "results.md", planned, DOCS / "summaries")
+
+
+@pytest.fixture(scope="module")
+def built() -> report.Report:
+    return committed()
+
+
+def test_a_rebuild_from_the_committed_records_changes_no_table(built):
+    for name, blocks in built.blocks.items():
+        text = (DOCS / name).read_text()
+        assert report.replace_blocks(text, blocks) == text, f"docs/{name} is stale: run `{REBUILD}`"
+    for name, text in built.pages.items():
+        assert (DOCS / name).read_text() == text, f"docs/{name} is stale: run `{REBUILD}`"
+    pages = {f"{report.PAGES}/{p.name}" for p in (DOCS / report.PAGES).glob("compare-*.md")}
+    assert pages == set(built.pages), f"pages no record makes, or missing: run `{REBUILD}`"
+
+
+def test_a_rebuild_from_the_committed_records_changes_no_figure(built):
+    # a figure carries the digest of the data it shows (and of its style): the same records give the same digest on
+    # any machine, where the PNG's bytes also depend on the matplotlib and Pillow versions
+    on_disk = {f"{report.FIGURES}/{p.name}" for p in (DOCS / report.FIGURES).glob("*.png")}
+    assert on_disk == set(built.figures), f"figures no claim makes, or missing: run `{REBUILD}`"
+    for name, fig in built.figures.items():
+        assert plots.png_data(DOCS / name) == fig.digest, f"docs/{name} is stale: run `{REBUILD}`"
+
+
+def test_every_committed_figure_drawn_again_has_the_same_bytes(built, tmp_path):
+    # with the libraries that drew them, the same data must give the same bytes: this also catches a change of look
+    # that did not bump plots.STYLE (such a figure would keep its old digest and never be redrawn)
+    libraries = f"matplotlib {matplotlib.__version__}, Pillow {PIL.__version__}"
+    compared = 0
+    for name, fig in built.figures.items():
+        with Image.open(DOCS / name) as img:
+            if img.text.get("Software") != libraries:
+                continue
+        assert fig.draw(tmp_path / "again.png")
+        assert (tmp_path / "again.png").read_bytes() == (DOCS / name).read_bytes(), f"docs/{name}: redraw it"
+        compared += 1
+    if not compared:
+        pytest.skip(f"no figure was drawn by {libraries}; bytes are only comparable with the same libraries")
+
+
+def test_the_first_screen_fits_on_a_screen_and_the_report_tells_no_history():
+    text = (DOCS / "results.md").read_text()
+    first = text.split(report.END.format(name="summary"))[0]
+    assert len(first.splitlines()) <= 40
+    assert "| a1 |" in first or "[a1](" in first  # the claims table is on it
+    pages = [text, *(p.read_text() for p in (DOCS / report.PAGES).glob("*.md"))]
+    # no history, and no path of a machine (an absolute home, root, tmp or work folder)
+    history = re.compile(r"\bissue \d|\bstop \d|\bwas\b.*\bnow\b|(?<![\w.])/(?:home|root|tmp|work|Users)/")
+    for page in pages:
+        assert not history.search(page)
+
+
+def test_write_redraws_only_changed_figures_and_removes_what_nothing_generates(tmp_path):
+    rec = {
+        "schema": sweep.SCHEMA,
+        "comparison": "cmp",
+        "method": "fedat",
+        "seed": 0,
+        "virtual_minutes": 2.0,
+        "settings": {"strategy": "fedat", "seed": 0},
+        "summary": {"best_accuracy": 0.8, "tier_rounds": [2, 1]},
+        "mean_tier_weights": [0.5, 0.5],
+        "curve": [[60.0, 0.6, 1, 1], [120.0, 0.8, 2, 2]],
+        "at_eval": [[0.01, 1, [1, 0], [1.0, 0.0], 1], [0.01, 2, [2, 1], [1.0, 1.0], 2]],
+    }
+    stale = tmp_path / report.FIGURES / "gone.png"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"")
+    (tmp_path / "results.md").write_text("# R\n\nkept\n")
+    built = report.generate({"cmp": {"fedat": [rec]}})
+    changed = report.write(built, tmp_path)
+    assert stale in changed and not stale.exists()
+    figure = tmp_path / report.FIGURES / "cmp.png"
+    assert figure in changed and plots.png_data(figure) == built.figures[f"{report.FIGURES}/cmp.png"].digest
+    text = (tmp_path / "results.md").read_text()
+    assert text.startswith("# R\n\nkept\n") and "no record yet" in text  # pending claims, blocks appended
+    assert report.write(built, tmp_path) == []  # nothing changed, nothing rewritten
+
+
+def test_blocks_are_replaced_in_place_and_the_text_around_them_kept():
+    begin, end = report.BLOCK.format(name="x"), report.END.format(name="x")
+    text = f"intro\n{begin}\nold\n{end}\noutro\n"
+    assert report.replace_blocks(text, {"x": "new"}) == f"intro\n{begin}\n\nnew\n\n{end}\noutro\n"
+    assert report.replace_blocks("intro\n", {"x": "new"}) == f"intro\n\n{begin}\n\nnew\n\n{end}\n"
+
+
+def test_the_pipeline_tables_come_from_the_chaos_and_scale_summaries(tmp_path):
+    chaos = json.loads((DOCS / "summaries" / "chaos-8min-36kills.json").read_text())
+    chaos["violations"]["updates_lost"] = 7
+    (tmp_path / "chaos-x.json").write_text(json.dumps(chaos))
+    blocks = pipeline_tables.pipeline_blocks(tmp_path)
+    assert "| updates lost / counted twice / dead-lettered by the broker | 7 / 0 / 0 " in blocks["chaos"]
+    assert blocks["scale"] == "None yet."
+
+
+def test_a_tuned_claims_figure_shows_every_learning_rate_on_the_seeds_the_chosen_one_was_judged_on():
+    from tests.unit.test_claims import flat, records
+
+    recs = [flat("a", s, 0.8) for s in range(3)] + [flat("b", s, 0.7) for s in range(3)]
+    recs += [flat("b-fast", 0, 0.75)]  # one seed so far: it is chosen, and judged on seed 0 alone
+    tuned = claims.Claim("x", "a beats b at its best rate", "—", "cmp", "a", ("b", "b-fast"), tuned=True)
+    judged = claims.judge(tuned, records(*recs))
+    title, series, target = report.claim_series(judged, records(*recs))
+    assert judged.chosen == "b-fast" and [s.seeds for s in series] == [1, 1, 1]
+    assert title.startswith("x: a beats b") and target == 0.7
+
+
+def test_a_claim_not_converged_at_its_budget_names_the_longer_runs_of_either_method():
+    from tests.unit.test_claims import flat, rec, records
+
+    rising = rec("b", 0, [(60.0, 0.5), (120.0, 0.6), (180.0, 0.65), (240.0, 0.7), (300.0, 0.9)], minutes=5.0)
+    judged = claims.judge(claims.Claim("x", "a beats b", "—", "cmp", "a", ("b",)), records(flat("a", 0, 0.8), rising))
+    assert judged.pairs[0].budget == 4.0 and not judged.pairs[0].flat
+    assert report.ours(judged) == "a 0.800 · b 0.700; longer runs: b 0.900 at 5 min"
+    level = records(flat("a", 0, 0.8, minutes=5.0), flat("b", 0, 0.7))
+    assert "longer" not in report.ours(claims.judge(claims.Claim("y", "a beats b", "—", "cmp", "a", ("b",)), level))
