@@ -10,12 +10,22 @@ and rabbitmq_prometheus' per-queue series from `/metrics/detailed?family=queue_c
 queue_consumer_count` (`rabbitmq_detailed_queue_messages{,_ready,_unacked}`, `rabbitmq_detailed_queue_consumers`).
 Counters that may have no series yet (late answers, re-issues, dead letters) fall back to 0 per tier / queue, so a
 healthy run shows 0 rather than "No data".
+
+Plain dicts rather than grafana-foundation-sdk: a port to the SDK (1769699998!10.1.0, pinned) reproduced the 42
+panels exactly, with about 160 fewer lines of helpers but the same panel code, which is what changes when the
+dashboard does; the SDK's API follows Grafana's schema versions (and spells GraphTresholdsStyleMode so), so the
+helpers here stay.
+
+Every FedAT series is scoped to one release by the `namespace` variable (added to each `fedat_*` selector by
+`scoped`): several releases scraped by one Prometheus do not mix. Where the series carry no namespace label (a
+local `fedat run --prometheus`), the variable is empty and `namespace=~""` selects exactly those.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -26,8 +36,25 @@ TIER = 'tier=~"$tier"'
 VHOST = 'vhost=~"$vhost"'
 TRAIN_QUEUES = f'{VHOST}, queue=~"fedat[.]train[.](tier-$tier|profile)"'
 BARRIER_QUEUES = f'{VHOST}, queue=~"fedat[.]barrier[.]tier-$tier"'
-OTHER_QUEUES = f'{VHOST}, queue=~"fedat[.].*", queue!~"fedat[.](train[.]|barrier[.]tier-|state[.]|dead-letters).*"'
+OTHER_QUEUES = (
+    f'{VHOST}, queue=~"fedat[.].*", queue!~"fedat[.](train[.]|barrier[.]tier-|state[.]|dead-letters|client[.]).*"'
+)
+# Real clients: one task queue per client (and one for its evaluation requests); panels sum over them, never by client.
+CLIENT_QUEUES = f'{VHOST}, queue=~"fedat[.]client[.][0-9]+"'
 DEAD_LETTERS = f'{VHOST}, queue="fedat.dead-letters"'
+NAMESPACE = 'namespace=~"$namespace"'
+# A FedAT metric name, with its selector if it has one (not a recording rule's `level:fedat_...:op` name).
+FEDAT_SERIES = re.compile(r"(?<![\w:])(fedat_[a-z0-9_]+)(\{([^}]*)\})?")
+
+
+def scoped(expr: str) -> str:
+    """`expr` with every fedat_* selector limited to the dashboard's namespace."""
+
+    def add(m: re.Match) -> str:
+        inner = m[3]
+        return f"{m[1]}{{{NAMESPACE}{', ' + inner if inner else ''}}}"
+
+    return FEDAT_SERIES.sub(add, expr)
 
 
 def series(metric: str, selector: str = "") -> str:
@@ -48,7 +75,7 @@ def quantile(q: float, metric: str, selector: str = TIER, by: str = "tier") -> s
 
 
 def target(expr: str, legend: str = "__auto", ref: str = "A") -> dict:
-    return {"datasource": DS, "expr": expr, "legendFormat": legend, "range": True, "refId": ref}
+    return {"datasource": DS, "expr": scoped(expr), "legendFormat": legend, "range": True, "refId": ref}
 
 
 def targets(*pairs: tuple[str, str]) -> list[dict]:
@@ -176,7 +203,8 @@ def panels() -> list[dict]:
     L.add(
         timeseries(
             "Client updates trained per tier",
-            "Local trainings finished by the workers, per second (fedat_client_trainings_total; tier 0 = profiling).",
+            "Local trainings finished by the workers, per second (fedat_client_trainings_total; tier 0 = profiling). "
+            "A simulated pool only: real clients train at their sites, which nobody scrapes here (see updates merged).",
             targets(
                 (rate("fedat_client_trainings_total", TIER), "tier {{tier}}"),
                 ('sum(rate(fedat_client_trainings_total{tier="0"}[$__rate_interval]))', "profiling"),
@@ -228,7 +256,8 @@ def panels() -> list[dict]:
         timeseries(
             "Updates finished late (workers not keeping up)",
             "Fraction of trainings a worker finished after the simulated client would have answered: the worker "
-            "pool, not the latency model, set their response time. Alert FedATWorkersNotKeepingUp above 20% for 5m.",
+            "pool, not the latency model, set their response time. Alert FedATWorkersNotKeepingUp above 20% for 5m. "
+            "A simulated pool only (real clients answer when they answer).",
             targets(
                 (
                     f"{or_zero('fedat_client_updates_late_total', 'fedat_client_trainings_total')}"
@@ -286,6 +315,18 @@ def panels() -> list[dict]:
         W,
         H,
     )
+    L.add(
+        timeseries(
+            "Real clients: joins, leaves, revocations",
+            "With real clients, the profiler's membership events per minute (fedat_client_membership_total): joins "
+            "(each is profiled, then tiered), leaves, revocations, and joins refused because the client was revoked. "
+            "Empty with a simulated pool.",
+            targets((f"{rate('fedat_client_membership_total', '', 'event')} * 60", "{{event}}")),
+            minimum=0,
+        ),
+        W,
+        H,
+    )
 
     L.row("Model progress")
     L.add(
@@ -300,9 +341,9 @@ def panels() -> list[dict]:
     L.add(
         stat(
             "Global model age",
-            "Seconds since the newest global model was published (the newest value of the last hour: an aggregator "
-            "restarts its gauge at 0). Alert FedATNoNewGlobalModel above 10 min.",
-            targets(("time() - max(max_over_time(fedat_global_model_created_timestamp_seconds[1h]))", "age")),
+            "Seconds since the newest global model was published (the newest value of the last day: an aggregator "
+            "restarts its gauge at 0); empty until the first one. Alert FedATNoNewGlobalModel above 10 min.",
+            targets(("time() - (max(max_over_time(fedat_global_model_created_timestamp_seconds[24h])) > 0)", "age")),
             "s",
             red=600,
         ),
@@ -322,7 +363,7 @@ def panels() -> list[dict]:
     L.add(
         stat(
             "Last evaluated version",
-            "The global version the evaluator scored last (fedat_eval_model_version).",
+            "The global version the evaluator (real clients: the collector) scored last (fedat_eval_model_version).",
             targets(("max(fedat_eval_model_version)", "evaluated")),
         ),
         6,
@@ -460,7 +501,8 @@ def panels() -> list[dict]:
     L.add(
         timeseries(
             "Train queues: tasks waiting and in training",
-            "Ready (waiting for a worker) and unacked (being trained) tasks per train queue.",
+            "Ready (waiting for a worker) and unacked (being trained) tasks per train queue of a simulated pool (real "
+            "clients: see their own queues).",
             targets(
                 (f"sum by (queue) (rabbitmq_detailed_queue_messages_ready{{{TRAIN_QUEUES}}})", "{{queue}} waiting"),
                 (f"sum by (queue) (rabbitmq_detailed_queue_messages_unacked{{{TRAIN_QUEUES}}})", "{{queue}} training"),
@@ -482,9 +524,16 @@ def panels() -> list[dict]:
     L.add(
         timeseries(
             "Dead-letter queue depth",
-            "Messages in fedat.dead-letters (nobody consumes it; it keeps the newest 10,000). "
-            "Alert FedATDeadLetterQueueGrowing above +100 in 15 min.",
-            targets((f"sum by (queue) (rabbitmq_detailed_queue_messages{{{DEAD_LETTERS}}})", "{{queue}}")),
+            "Messages in fedat.dead-letters (nobody consumes it; it keeps the newest 10,000, so its depth stops "
+            "growing at the cap) and the services' dead-lettering per minute, which does not. Alert FedATDeadLettering "
+            "above 100 from one queue in 15 min.",
+            targets(
+                (f"sum by (queue) (rabbitmq_detailed_queue_messages{{{DEAD_LETTERS}}})", "{{queue}} depth"),
+                (
+                    f"{or_zero('fedat_dead_lettered_total', 'fedat_messages_consumed_total', '', 'queue')} * 60",
+                    "from {{queue}} per minute",
+                ),
+            ),
             minimum=0,
         ),
         W,
@@ -515,11 +564,28 @@ def panels() -> list[dict]:
     L.add(
         timeseries(
             "Other FedAT queues: depth and consumers",
-            "Aggregator, evaluator, recorder, profiler and barrier control queues.",
+            "Aggregator, evaluator or collector, recorder, profiler and barrier control queues.",
             targets(
                 (f"sum by (queue) (rabbitmq_detailed_queue_messages{{{OTHER_QUEUES}}})", "{{queue}}"),
                 (f"sum by (queue) (rabbitmq_detailed_queue_consumers{{{OTHER_QUEUES}}})", "{{queue}} consumers"),
             ),
+        ),
+        W,
+        H,
+    )
+    L.add(
+        timeseries(
+            "Real clients: their task queues",
+            "With real clients, each enrolled client's own task queue (fedat.client.<id>), summed over all clients: "
+            "tasks waiting and in training, and how many clients are connected (consume their queue). Empty with a "
+            "simulated pool.",
+            targets(
+                (f"sum(rabbitmq_detailed_queue_messages_ready{{{CLIENT_QUEUES}}})", "tasks waiting"),
+                (f"sum(rabbitmq_detailed_queue_messages_unacked{{{CLIENT_QUEUES}}})", "tasks in training"),
+                (f"count(rabbitmq_detailed_queue_consumers{{{CLIENT_QUEUES}}} > 0)", "clients connected"),
+                (f"count(rabbitmq_detailed_queue_consumers{{{CLIENT_QUEUES}}})", "clients enrolled"),
+            ),
+            minimum=0,
         ),
         W,
         H,
@@ -529,8 +595,8 @@ def panels() -> list[dict]:
     L.add(
         timeseries(
             "Broker connected",
-            "1 while the service holds a broker connection (fedat_broker_connected). "
-            "Alert FedATServiceDisconnected after 1 min at 0.",
+            "1 while the service holds a broker connection (fedat_broker_connected). Alerts: FedATPodDisconnected "
+            "(one pod, 5 min), FedATServiceDisconnected (most pods of one service), FedATBrokerUnreachable (all).",
             targets(("fedat_broker_connected", "{{job}} {{instance}}")),
             minimum=0,
             maximum=1,
@@ -553,8 +619,9 @@ def panels() -> list[dict]:
     L.add(
         timeseries(
             "Scrape targets up",
-            "Targets Prometheus scrapes successfully, per job. Alert FedATTargetDown after 2 min down.",
-            targets(("sum by (job) (up)", "{{job}}")),
+            "Targets Prometheus scrapes successfully, per job. Alerts: FedATTargetDown (one target, 5 min), "
+            "FedATServiceDown (fewer than half of a service's targets).",
+            targets(('sum by (job) (up{namespace=~"$namespace"})', "{{job}}")),
             minimum=0,
         ),
         W,
@@ -591,8 +658,8 @@ def panels() -> list[dict]:
     L.add(
         timeseries(
             "Event-loop age",
-            "Seconds since each service's event loop last turned. /healthz fails and alert FedATEventLoopStalled "
-            "fires above 60 s.",
+            "Seconds since each service's event loop last turned (it turns while reconnecting too). /healthz fails "
+            "(Kubernetes restarts the pod) and FedATEventLoopStalled warns above 60 s.",
             targets(("time() - (fedat_event_loop_timestamp_seconds > 0)", "{{job}} {{instance}}")),
             "s",
             threshold=60,
@@ -712,6 +779,27 @@ def dashboard() -> dict:
                     "regex": "",
                     "skipUrlSync": False,
                 },
+                {
+                    "name": "namespace",
+                    "label": "Namespace",
+                    "type": "query",
+                    "datasource": DS,
+                    "definition": "label_values(fedat_broker_connected, namespace)",
+                    "query": {
+                        "qryType": 1,
+                        "query": "label_values(fedat_broker_connected, namespace)",
+                        "refId": "PrometheusVariableQueryEditor-VariableQuery",
+                    },
+                    "refresh": 2,
+                    "regex": "",
+                    "sort": 1,
+                    "multi": False,
+                    "includeAll": False,
+                    "current": {},
+                    "options": [],
+                    "hide": 0,
+                    "skipUrlSync": False,
+                },
                 variable_query(
                     "vhost",
                     "vhost",
@@ -719,7 +807,9 @@ def dashboard() -> dict:
                     multi=False,
                     all_value=".*",
                 ),
-                variable_query("tier", "Tier", "label_values(fedat_tier_rounds_closed_total, tier)", True, None),
+                variable_query(
+                    "tier", "Tier", scoped("label_values(fedat_tier_rounds_closed_total, tier)"), True, None
+                ),
             ]
         },
         "time": {"from": "now-30m", "to": "now"},

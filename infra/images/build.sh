@@ -145,10 +145,13 @@ done
 
 # A built image must import every role's code as UID 10001 (a missing shared library fails here, not in a pod).
 SMOKE_CORE='import fedat.cli, fedat_aggregator.barrier_main, fedat_aggregator.aggregator_main, fedat_profiler.main
+import fedat_aggregator.collector_main
+import fedat.deploy.upgrade_check, fedat.deploy.release_test
 print("imports ok")'
 SMOKE_TF='import fedat.cli, fedat_worker.worker_main, fedat_worker.evaluator_main, fedat_worker.seed_main
+import fedat_worker.client_main
 import tensorflow as tf
-from fedat_worker.data import load_fashion_mnist
+from fedat_worker.datasets import load_fashion_mnist
 d = load_fashion_mnist()
 print("imports ok: tensorflow", tf.__version__, "fashion-mnist", d.x_train.shape, d.x_test.shape)'
 smoke() {
@@ -171,15 +174,15 @@ build_image() {
     case $img in
         core)
             pkgs=(. services/aggregator services/profiler)
-            roles=(barrier aggregator profiler provision keys)
+            roles=(barrier aggregator profiler collector provision keys upgrade-check release-test)
             TITLE=fedat-core
-            DESCRIPTION="FedAT tier barrier, global aggregator, profiler and broker provisioning (numpy only)"
+            DESCRIPTION="FedAT tier barrier, global aggregator, profiler, collector and broker provisioning (numpy only)"
             ;;
         tf)
             pkgs=(. services/worker)
-            roles=(worker evaluator seed)
+            roles=(worker evaluator seed client)
             TITLE=fedat-tf
-            DESCRIPTION="FedAT worker, evaluator and seed (TensorFlow CPU), with Fashion-MNIST"
+            DESCRIPTION="FedAT worker, evaluator, seed and real client (TensorFlow CPU), with Fashion-MNIST"
             ;;
     esac
     local t_img

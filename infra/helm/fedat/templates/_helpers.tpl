@@ -23,6 +23,12 @@
 {{- printf "%s-%s" (include "fedat.fullname" $root) (index . 1) | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* The Kubernetes version features are chosen for: kubeVersion when set (offline renders, GitOps tools that do not
+     pass the cluster's), else the cluster's. */}}
+{{- define "fedat.kubeVersion" -}}
+{{- default .Capabilities.KubeVersion.Version .Values.kubeVersion -}}
+{{- end -}}
+
 {{- define "fedat.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
@@ -70,16 +76,21 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 {{- end -}}
 
-{{/* "repository:tag" of image.core or image.tf. Call with (list $ "core"). */}}
+{{/* "repository:tag" of image.core or image.tf, or "repository@digest" when a digest pins it (`make release` writes
+     the digests into a values file). Call with (list $ "core"). */}}
 {{- define "fedat.image" -}}
 {{- $root := index . 0 -}}
 {{- $img := index $root.Values.image (index . 1) -}}
+{{- if $img.digest -}}
+{{- printf "%s@%s" $img.repository $img.digest -}}
+{{- else -}}
 {{- printf "%s:%s" $img.repository (default $root.Chart.AppVersion $img.tag) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* ---------------------------------------------------------------- experiment settings */}}
 
-{{/* One setting as the text of its FEDAT_* variable, as fedat.run.Experiment.env() writes it: lists comma-joined;
+{{/* One setting as the text of its FEDAT_* variable, as fedat.lab.run.Experiment.env() writes it: lists comma-joined;
      whole numbers without a fraction or exponent (values arrive as float64, whose default format would print
      1000000 as 1e+06, which int() in the services cannot read). */}}
 {{- define "fedat.envValue" -}}
@@ -98,6 +109,52 @@ app.kubernetes.io/component: {{ index . 1 }}
 
 {{- define "fedat.numTiers" -}}
 {{- int64 (default 5 .Values.experiment.settings.num_tiers) -}}
+{{- end -}}
+
+{{/* Where the clients are (fedat.protocol.system.Mode): "pool", worker processes in the cluster train the experiment's
+     logical clients (the default); or "real", every client is a `fedat-client` process at its own site, connecting
+     to the broker from outside. experiment.settings.clients (FEDAT_CLIENTS) says which; the services read the same
+     variable from the ConfigMap. */}}
+{{- define "fedat.clients" -}}
+{{- default "pool" .Values.experiment.settings.clients -}}
+{{- end -}}
+
+{{/* The long-running services of this release, in order, as JSON (the system table's processes of that mode that
+     are not Jobs): a pool runs workers and, with evaluator.enabled, the central evaluator; real clients are scored
+     by the collector (federated evaluation), the server has no data. */}}
+{{- define "fedat.services" -}}
+{{- $names := list "barrier" "aggregator" "profiler" -}}
+{{- if eq (include "fedat.clients" .) "real" -}}
+{{- $names = append $names "collector" -}}
+{{- else -}}
+{{- $names = append $names "worker" -}}
+{{- if .Values.evaluator.enabled }}{{ $names = append $names "evaluator" }}{{ end -}}
+{{- end -}}
+{{- toJson $names -}}
+{{- end -}}
+
+{{/* The values block of a service: `workers` for the worker, else the service's own. Call with (list $ "worker"). */}}
+{{- define "fedat.serviceValues" -}}
+{{- $root := index . 0 -}}
+{{- $name := index . 1 -}}
+{{- toJson (index $root.Values (ternary "workers" $name (eq $name "worker"))) -}}
+{{- end -}}
+
+{{/* The run a checkpoint belongs to (FEDAT_RUN_ID, part of every checkpoint's fingerprint): experiment.runId, else
+     <namespace>/<release>/<experiment.name>. Two releases sharing a vhost by mistake then refuse each other's. */}}
+{{- define "fedat.runId" -}}
+{{- default (printf "%s/%s/%s" .Release.Namespace .Release.Name .Values.experiment.name) .Values.experiment.runId -}}
+{{- end -}}
+
+{{/* The experiment's settings as env entries, exactly as the ConfigMap holds them, plus FEDAT_RUN_ID: for the hook
+     that must see the NEW values before the ConfigMap is updated. */}}
+{{- define "fedat.settingsEnv" -}}
+{{- range $key, $value := .Values.experiment.settings }}
+- name: {{ printf "FEDAT_%s" (upper $key) }}
+  value: {{ include "fedat.envValue" $value | quote }}
+{{- end }}
+- name: FEDAT_RUN_ID
+  value: {{ include "fedat.runId" . | quote }}
 {{- end -}}
 
 {{/* ---------------------------------------------------------------- broker */}}
@@ -171,19 +228,44 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 {{- end -}}
 
-{{/* Every service role that has a broker user (fedat.roles.SERVICE_ROLES), as JSON; the Secret holds them all. */}}
+{{/* Every service role that has a broker user (fedat.deploy.roles.SERVICE_ROLES), as JSON; the Secret holds them all. */}}
 {{- define "fedat.allRoles" -}}
-{{- list "worker" "barrier" "aggregator" "profiler" "evaluator" "seed" "recorder" | toJson -}}
+{{- list "worker" "barrier" "aggregator" "profiler" "evaluator" "collector" "seed" "recorder" | toJson -}}
 {{- end -}}
 
-{{/* The roles this release runs, as JSON: `fedat provision` creates users for these. `recorder` is KEDA's
-     (read-only: it can look at queue depths, not take tasks). */}}
+{{/* The roles this release runs, as JSON, in the system table's order: `fedat provision` creates users for these.
+     `recorder` is read-only (it can look at queues and read the recorder's copies of the global models, not take
+     a task): KEDA counts the train queues as it, and `helm test` checks the release as it. */}}
 {{- define "fedat.brokerRoles" -}}
-{{- $roles := list "worker" "barrier" "aggregator" "profiler" -}}
-{{- if .Values.evaluator.enabled }}{{ $roles = append $roles "evaluator" }}{{ end -}}
+{{- $services := include "fedat.services" . | fromJsonArray -}}
+{{- $roles := list -}}
+{{- range $role := list "worker" "barrier" "aggregator" "profiler" "evaluator" "collector" -}}
+{{- if has $role $services }}{{ $roles = append $roles $role }}{{ end -}}
+{{- end -}}
 {{- if .Values.seed.enabled }}{{ $roles = append $roles "seed" }}{{ end -}}
-{{- if .Values.workers.keda.enabled }}{{ $roles = append $roles "recorder" }}{{ end -}}
+{{- $roles = append $roles "recorder" -}}
 {{- toJson $roles -}}
+{{- end -}}
+
+{{/* "true" when `lookup` reads this cluster (a real install or upgrade), "" when it answers nothing (`helm template`,
+     --dry-run=client, GitOps renderers). Every namespace has the ServiceAccount "default". */}}
+{{- define "fedat.canLookup" -}}
+{{- if lookup "v1" "ServiceAccount" .Release.Namespace "default" }}true{{ end -}}
+{{- end -}}
+
+{{/* sha256 over the data of the Secrets the pods read (credentials, signing keys, TLS), so that a rotated Secret rolls
+     them. Generated credentials are hashed as rendered; existing Secrets as `lookup` reads them (nothing offline). */}}
+{{- define "fedat.secretsChecksum" -}}
+{{- $parts := list (include (print .Template.BasePath "/credentials-secret.yaml") . | sha256sum) -}}
+{{- $names := list -}}
+{{- if .Values.credentials.existingSecret }}{{ $names = append $names .Values.credentials.existingSecret }}{{ end -}}
+{{- if not .Values.signing.insecureDisabled }}{{ $names = append $names .Values.signing.existingSecret }}{{ end -}}
+{{- if .Values.broker.tls.enabled }}{{ $names = append $names .Values.broker.tls.existingSecret }}{{ end -}}
+{{- range $name := $names -}}
+{{- $s := lookup "v1" "Secret" $.Release.Namespace $name -}}
+{{- $parts = append $parts (printf "%s=%s" $name (toJson (default dict (get (default dict $s) "data")) | sha256sum)) -}}
+{{- end -}}
+{{- join "," $parts | sha256sum -}}
 {{- end -}}
 
 {{/* ---------------------------------------------------------------- hooks */}}
@@ -213,17 +295,31 @@ imagePullSecrets:
 {{- end }}
 {{- end -}}
 
-{{/* The environment that says where the broker is and who this process is: its role's AMQP URL, no topology
-   declarations (the provisioning Job did them; a role cannot configure), its keyring, TLS files.
-   Call with (list $ "worker"). */}}
+{{/* Whether a role reads its AMQP URL (password inside) from a mounted file: every long-running service does
+     (fedat.runtime.serving reads FEDAT_AMQP_URL_FILE); the seed Job publishes once through a path that reads only
+     FEDAT_AMQP_URL. */}}
+{{- define "fedat.urlFromFile" -}}
+{{- if ne . "seed" }}true{{ end -}}
+{{- end -}}
+
+{{/* The environment that says where the broker is and who this process is: its role's AMQP URL (as a mounted file
+   where the process reads one), no topology declarations (the provisioning Job did them; a role cannot configure),
+   its keyring, TLS files. Call with (list $ "worker"). */}}
 {{- define "fedat.brokerEnv" -}}
 {{- $root := index . 0 -}}
 {{- $role := index . 1 -}}
+- name: FEDAT_RUN_ID
+  value: {{ include "fedat.runId" $root | quote }}
+{{- if include "fedat.urlFromFile" $role }}
+- name: FEDAT_AMQP_URL_FILE
+  value: /etc/fedat/broker/amqp-url
+{{- else }}
 - name: FEDAT_AMQP_URL
   valueFrom:
     secretKeyRef:
       name: {{ include "fedat.credentialsSecret" $root }}
       key: {{ $role }}-amqp-url
+{{- end }}
 - name: FEDAT_DECLARE_TOPOLOGY
   value: "0"
 {{- if $root.Values.signing.insecureDisabled }}
@@ -253,11 +349,25 @@ imagePullSecrets:
   value: "1"
 {{- end -}}
 
-{{/* Mounts for a broker client: /tmp, its own keyring, TLS files, data. Call with (list $ "worker" "tf"). */}}
+{{/* The app's folder on the Python path of the pods that import the app (image.tf: seed, worker, evaluator), when
+     app.volume mounts it; "" otherwise (the app is in the image: the built-in one, or one installed FROM fedat-tf). */}}
+{{- define "fedat.appEnv" -}}
+{{- if .Values.app.volume -}}
+- name: PYTHONPATH
+  value: {{ .Values.app.mountPath | quote }}
+{{- end -}}
+{{- end -}}
+
+{{/* Mounts for a broker client: /tmp, its own keyring, TLS files, data, the app. Call with (list $ "worker" "tf"). */}}
 {{- define "fedat.volumeMounts" -}}
 {{- $root := index . 0 -}}
 - name: tmp
   mountPath: /tmp
+{{- if include "fedat.urlFromFile" (index . 1) }}
+- name: broker-url
+  mountPath: /etc/fedat/broker
+  readOnly: true
+{{- end }}
 {{- if not $root.Values.signing.insecureDisabled }}
 - name: keyring
   mountPath: /etc/fedat/keys
@@ -273,6 +383,11 @@ imagePullSecrets:
   mountPath: {{ $root.Values.data.mountPath }}
   readOnly: true
 {{- end }}
+{{- if and (eq (index . 2) "tf") $root.Values.app.volume }}
+- name: app
+  mountPath: {{ $root.Values.app.mountPath }}
+  readOnly: true
+{{- end }}
 {{- end -}}
 
 {{/* The volumes behind fedat.volumeMounts: the signing Secret with only `<role>.json` projected. */}}
@@ -282,6 +397,15 @@ imagePullSecrets:
 - name: tmp
   emptyDir:
     sizeLimit: {{ if eq (index . 2) "tf" }}1Gi{{ else }}256Mi{{ end }}
+{{- if include "fedat.urlFromFile" $role }}
+- name: broker-url
+  secret:
+    secretName: {{ include "fedat.credentialsSecret" $root }}
+    defaultMode: 0440
+    items:
+      - key: {{ $role }}-amqp-url
+        path: amqp-url
+{{- end }}
 {{- if not $root.Values.signing.insecureDisabled }}
 - name: keyring
   secret:
@@ -312,6 +436,10 @@ imagePullSecrets:
     claimName: {{ $root.Values.data.existingClaim }}
     readOnly: true
 {{- end }}
+{{- with and (eq (index . 2) "tf") $root.Values.app.volume }}
+- name: app
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end -}}
 
 {{/* ---------------------------------------------------------------- checks */}}
@@ -338,6 +466,14 @@ imagePullSecrets:
 {{- if and (eq $v.broker.mode "external") $v.broker.tls.enabled (hasPrefix "http://" $v.broker.managementUrl) -}}
 {{- fail "broker.managementUrl is plain http:// while broker.tls.enabled=true: the admin password would cross the network in clear; use the https:// management listener" -}}
 {{- end -}}
+{{- if not (has (include "fedat.clients" .) (list "pool" "real")) -}}
+{{- fail (printf "experiment.settings.clients must be pool (workers train logical clients) or real (fedat-client processes at the sites), not %q" (include "fedat.clients" .)) -}}
+{{- end -}}
+{{- if eq (include "fedat.clients" .) "real" -}}
+{{- if $v.workers.keda.enabled -}}
+{{- fail "workers.keda.enabled scales the simulated worker pool, and experiment.settings.clients=real runs none (the clients are processes at the sites): set workers.keda.enabled=false" -}}
+{{- end -}}
+{{- else -}}
 {{- if and $v.workers.keda.enabled (hasKey $v.workers "replicas") (not (kindIs "invalid" $v.workers.replicas)) -}}
 {{- fail "workers.replicas and workers.keda.enabled are mutually exclusive: with KEDA on, set workers.replicas: null (KEDA owns the count, between workers.keda.minReplicaCount and workers.keda.maxReplicaCount)" -}}
 {{- end -}}
@@ -353,6 +489,7 @@ imagePullSecrets:
 {{- fail (printf "workers.pdb.minAvailable (%d) must be below the lowest worker count (%d: %s), or the PodDisruptionBudget blocks every node drain; lower it or set workers.pdb.enabled=false" (int64 $v.workers.pdb.minAvailable) $floor (ternary "workers.keda.minReplicaCount" "workers.replicas" $v.workers.keda.enabled)) -}}
 {{- end -}}
 {{- end -}}
+{{- end -}}
 {{- $s := $v.experiment.settings -}}
 {{- if and (hasKey $s "min_clients") (hasKey $s "clients_per_round") (gt (int64 $s.min_clients) (int64 $s.clients_per_round)) -}}
 {{- fail "experiment.settings.min_clients must not exceed experiment.settings.clients_per_round (the barrier refuses to start)" -}}
@@ -365,6 +502,21 @@ imagePullSecrets:
 {{- range $s.group_sizes }}{{ $sum = add $sum (int64 .) }}{{ end -}}
 {{- if ne (int64 $sum) (int64 (default 100 $s.num_clients)) -}}
 {{- fail (printf "experiment.settings.group_sizes sum to %d, not num_clients (%d): the workers refuse to start" (int64 $sum) (int64 (default 100 $s.num_clients))) -}}
+{{- end -}}
+{{- end -}}
+{{- /* Where lookup reads the cluster, every Secret the release names must exist: a missing one would only show up
+   as pods stuck in CreateContainerConfigError. Offline renders (helm template, GitOps) cannot tell and pass. */ -}}
+{{- if include "fedat.canLookup" . -}}
+{{- $named := dict -}}
+{{- if not $v.signing.insecureDisabled }}{{ $_ := set $named "signing.existingSecret" $v.signing.existingSecret }}{{ end -}}
+{{- if $v.credentials.existingSecret }}{{ $_ := set $named "credentials.existingSecret" $v.credentials.existingSecret }}{{ end -}}
+{{- if $v.broker.admin.existingSecret }}{{ $_ := set $named "broker.admin.existingSecret" $v.broker.admin.existingSecret }}{{ end -}}
+{{- if $v.broker.tls.enabled }}{{ $_ := set $named "broker.tls.existingSecret" $v.broker.tls.existingSecret }}{{ end -}}
+{{- range $key := keys $named | sortAlpha -}}
+{{- $name := get $named $key -}}
+{{- if not (lookup "v1" "Secret" $.Release.Namespace $name) -}}
+{{- fail (printf "%s names Secret %s, which does not exist in namespace %s: create it first (chart README, \"Install on a cluster\")" $key $name $.Release.Namespace) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- /* On a real install (lookup answers), check that the Secrets we mount hold what the pods need. */ -}}
