@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
+from fedat.deploy.experiment import load_experiment
+from fedat.lab import calibration
 from fedat.lab import progress as pr
-from fedat.lab.calibration import refused
+from fedat.lab.calibration import calibrate_experiment, refused
 
 
 def test_a_short_run_prints_about_a_dozen_lines_and_a_long_one_a_line_a_minute_at_most():
@@ -85,3 +91,54 @@ def test_a_refusal_names_the_shortest_budget_and_how_to_ask_for_it():
     assert "2 min is too short" in text and "make run MINUTES=9" in text and "--minutes 9" in text
     assert "nothing was started" in text
     assert "no time scale works" in refused("x", 10, "the workers cannot keep up", None)
+
+
+def _slow_machine(monkeypatch, minimum: int) -> list[float]:
+    """A probe and a demand model (stand-ins: the planner has its own tests) for a machine too slow for 10 minutes."""
+    budgets: list[float] = []
+
+    def planned(exp, sizes, step, evaluation, budget):
+        budgets.append(budget)
+        trials = [{"profile_concurrency": 32}]
+        if budget < minimum * 60:
+            return {
+                "guess": 0.3,
+                "trials": trials,
+                "plan": None,
+                "refusal": {"reason": "the workers keep up only from time scale 0.45", "minimum_minutes": minimum},
+            }
+        plan = {
+            "time_scale": 0.45,
+            "profile_concurrency": 32,
+            "every_tier_at": 150.0,
+            "late_fraction": 0.03,
+            "busy": 0.8,
+            "reason": "the smallest time scale at which the workers keep up",
+        }
+        return {"guess": 0.3, "trials": trials, "plan": plan, "refusal": None}
+
+    probe = {
+        "train_samples": [480] * 100,
+        "wall_step_seconds": 0.028,
+        "cpu_step_seconds": 0.02,
+        "evaluation_seconds": 3.0,
+    }
+    monkeypatch.setattr(calibration, "probe_machine", lambda env, workers: dict(probe))
+    monkeypatch.setattr(calibration, "planned_demand", planned)
+    return budgets
+
+
+def test_the_experiments_own_budget_grows_to_the_shortest_that_works_and_says_so(monkeypatch, capsys):
+    exp = load_experiment(Path(__file__).resolve().parents[2] / "experiments" / "fmnist2-fedat.yaml")
+    budgets = _slow_machine(monkeypatch, 13)
+    planned, record = calibrate_experiment(exp, {}, exp.minutes, stretch=True)
+    assert budgets == [exp.minutes * 60, 13 * 60]
+    assert record["asked_minutes"] == exp.minutes and record["budget_minutes"] == 13
+    assert planned.settings["time_scale"] == 0.45
+    said = capsys.readouterr().out
+    assert f"{exp.minutes:g} min (the experiment's) is too short" in said and "planning 13 min instead" in said
+    # a budget the user chose is refused instead, naming the same minimum, and nothing is planned beyond it
+    budgets.clear()
+    with pytest.raises(SystemExit, match="make run MINUTES=13"):
+        calibrate_experiment(exp, {}, 2.0)
+    assert budgets == [120.0]

@@ -83,10 +83,13 @@ def planned_demand(exp: Experiment, train_samples: list[int], step: float, evalu
 
 
 def calibrate_experiment(
-    exp: Experiment, env: dict[str, str], minutes: float, slowdown: float = 1.0
+    exp: Experiment, env: dict[str, str], minutes: float, slowdown: float = 1.0, stretch: bool = False
 ) -> tuple[Experiment, dict]:
     """`exp` with the time scale planned for `minutes` on this machine, and how it was found; SystemExit saying why
-    and what would work if no time scale fits. `slowdown` multiplies the measured costs (a slower machine's view)."""
+    and what would work if no time scale fits. `slowdown` multiplies the measured costs (a slower machine's view).
+
+    With `stretch` (the budget is the experiment's own, not one the user chose), a budget too short here becomes the
+    shortest that works, said before anything starts; the record's `budget_minutes` is the budget planned."""
     if str(exp.settings.get("strategy", "fedat")) not in cal.TIER_LOOPS:
         raise ValueError(f"calibrate models tier loops ({sorted(cal.TIER_LOOPS)}), not {exp.settings['strategy']!r}")
     if not slowdown > 0:
@@ -110,6 +113,17 @@ def calibrate_experiment(
     )
     budget = minutes * 60.0
     planned = planned_demand(exp, sizes, step, evaluation, budget)
+    asked = minutes
+    if stretch and planned["refusal"] is not None and planned["refusal"]["minimum_minutes"] is not None:
+        minutes = float(planned["refusal"]["minimum_minutes"])
+        print(
+            f"[fedat] {asked:g} min (the experiment's) is too short for {exp.name} on this machine: "
+            f"{planned['refusal']['reason']}; planning {minutes:g} min instead, the shortest that works here "
+            "(MINUTES=N, or --minutes N, chooses the budget) ...",
+            flush=True,
+        )
+        budget = minutes * 60.0
+        planned = planned_demand(exp, sizes, step, evaluation, budget)
     profile = config.latency(exp.env())
     record = {
         "target": exp.calibrate,
@@ -120,6 +134,7 @@ def calibrate_experiment(
         "evaluation_seconds": evaluation,
         "probe": probe,
         "budget_minutes": minutes,
+        "asked_minutes": asked,
         "late_limit": plan.LATE_LIMIT,
         "planned_late": plan.PLANNED_LATE,
         "early_share": plan.EARLY_SHARE,

@@ -55,16 +55,19 @@ def run(
 
     An experiment that calibrates is planned for this machine and budget first (`fedat.lab.calibration`; `slowdown`
     emulates a slower machine, `plan_only` stops after the plan); a budget too short here ends it before anything
-    starts, with SystemExit naming the shortest budget that would work.
+    starts, with SystemExit naming the shortest budget that would work; without `minutes` (the experiment's own
+    budget) it runs for that shortest budget instead, and says so.
     """
+    stretch = minutes is None
     minutes = exp.minutes if minutes is None else minutes
     num_tiers = int(exp.settings.get("num_tiers", 5))
     base_env = {k: v for k, v in os.environ.items() if k not in MANAGEMENT_ENV}
     calibration = None
     if exp.calibrate:  # before the vhost and the results folder exist: a refusal or a failed probe leaves nothing
         exp, calibration = calibrate_experiment(
-            exp, {**base_env, **exp.env(), "TF_CPP_MIN_LOG_LEVEL": "2"}, minutes, slowdown
+            exp, {**base_env, **exp.env(), "TF_CPP_MIN_LOG_LEVEL": "2"}, minutes, slowdown, stretch
         )
+        minutes = calibration["budget_minutes"]
     if plan_only:
         print("[fedat] --plan-only: nothing started", flush=True)
         return {"calibration": calibration, "latency_model": {"time_scale": exp.settings.get("time_scale")}}
