@@ -132,12 +132,13 @@ def test_a_calibration_target_out_of_range_is_named(tmp_path):
         load_experiment(bad)
 
 
-def demand(cost: float, workers: int = 2, minutes: float = 3.0, **kw):
-    """The demand model on FMNIST #2 at the file's time scale, each training `cost` seconds a step."""
+def demand(cost: float, workers: int = 2, minutes: float = 3.0, settings: dict | None = None, **kw):
+    """The demand model on FMNIST #2 at the file's time scale (and `settings`), each training `cost` seconds a step."""
     from fedat_sim.demand import measure
 
     exp = load_experiment(FMNIST2)
-    return measure(Experiment(exp.name, workers, minutes, dict(exp.settings)), [480] * 100, cost, **kw)
+    changed = {**exp.settings, **(settings or {})}
+    return measure(Experiment(exp.name, workers, minutes, changed), [480] * 100, cost, **kw)
 
 
 def test_workers_fast_enough_answer_every_task_at_its_modelled_time():
@@ -169,6 +170,16 @@ def test_a_trial_stops_once_every_tier_has_merged_enough_rounds():
     d = demand(1e-5, minutes=30.0, stop_after_rounds=3)
     assert min(d.rounds) >= 3 and d.horizon_seconds < 30 * 60
     assert demand(1e-5, minutes=30.0, max_trainings=50).horizon_seconds < d.horizon_seconds
+
+
+def test_the_codec_changes_no_time_in_the_demand_model():
+    """The plan's trials send models raw (cheaper); the times are the ones the experiment's polyline would give."""
+    assert load_experiment(FMNIST2).settings.get("codec", "polyline") == "polyline"
+    polyline = demand(0.015, minutes=4.0, evaluation_seconds=3.0)
+    raw = demand(0.015, minutes=4.0, settings={"codec": "raw"}, evaluation_seconds=3.0)
+    assert len(raw.update_times) > 100 and raw.late_times  # enough answers, some late: the times are exercised
+    assert raw.update_times == polyline.update_times and raw.late_times == polyline.late_times
+    assert raw.first_merge == polyline.first_merge and raw.busy_seconds == polyline.busy_seconds
 
 
 def test_cpu_seconds_come_from_proc_stat_even_with_odd_command_names():
