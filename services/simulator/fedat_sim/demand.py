@@ -285,7 +285,7 @@ def trial_at(
 ) -> Trial:
     """One trial of the plan: the demand model at this time scale and profiling concurrency, until it saw enough."""
     # Models travel raw: no time passes for coding in the model, so the trial's times are the same with any codec
-    # (test_demand), and a trial takes a third less CPU without polyline.
+    # (test_calibrate), and a trial takes a third less CPU without polyline.
     settings = {**exp.settings, "time_scale": time_scale, "profile_concurrency": profile_concurrency, "codec": "raw"}
     outcome = measure(
         replace(exp, minutes=HORIZON_MINUTES, settings=settings),
