@@ -19,7 +19,6 @@ the profiler. Then the ratio real / pool at each size. `make bench` runs it (a f
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
@@ -34,6 +33,7 @@ from pathlib import Path
 
 import numpy as np
 import pika
+import scrape  # bench/scrape.py: the management API and /metrics
 from prometheus_client import CollectorRegistry
 
 from fedat.deploy import enroll as enroll_mod
@@ -60,7 +60,6 @@ SIZES = (10, 100, 1000)
 WINDOW = float(os.environ.get("FEDAT_BENCH_CLIENTS_WINDOW", "30"))  # seconds measured per mode and size
 REAL_PROCESSES = 10  # up to this many clients, real `fedat-client` processes (TensorFlow: ~0.5 GB each)
 FLEET = 100  # light clients per connection (and thread)
-API = "http://127.0.0.1:15672/api"
 NUM_TIERS = 5
 DELAYS = (0.0, 0.0, 0.5, 1.0, 1.0, 1.5, 1.5, 2.0, 2.0, 2.5)  # lo, hi per delay group: what the clients add, seconds
 SETTINGS = {
@@ -178,21 +177,6 @@ def in_thread(service, cfg: BrokerConfig, stop: threading.Event):
     return t, metrics
 
 
-def http(url: str, auth: bool = False) -> bytes:
-    req = urllib.request.Request(url)
-    if auth:
-        req.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
-    with urllib.request.urlopen(req, timeout=10) as r:
-        return r.read()
-
-
-def scrape(port: int) -> str:
-    try:
-        return http(f"http://127.0.0.1:{port}/metrics").decode()
-    except OSError:
-        return ""
-
-
 SAMPLE = re.compile(
     r'^(fedat_messages_published_total|fedat_published_bytes_total)\{kind="([^"]+)"\} ([0-9.eE+-]+)$', re.M
 )
@@ -255,12 +239,12 @@ def split(before: dict, after: dict, per_round: float, per_eval: float) -> tuple
 
 def broker_stats(vhost: str) -> tuple[float, float]:
     """(messages delivered, bytes sent) by the broker on `vhost` so far (its statistics, refreshed every 5 s)."""
-    v = json.loads(http(f"{API}/vhosts/{urllib.parse.quote(vhost, safe='')}", auth=True))
+    v = json.loads(scrape.get(f"{scrape.API}/vhosts/{urllib.parse.quote(vhost, safe='')}", auth=True))
     return float(v.get("message_stats", {}).get("deliver_get", 0)), float(v.get("send_oct", 0))
 
 
 def tiered(port: int) -> int:
-    return int(total(scrape(port), "fedat_tier_clients"))
+    return int(total(scrape.metrics(port), "fedat_tier_clients"))
 
 
 class LightClient(Client):
@@ -340,9 +324,9 @@ def one(n: int, mode: Mode, names: list[str], w0: list[np.ndarray], logdir: Path
             return by_kind(texts, registries)
 
         def snapshot():
-            texts = {name: scrape(ports[name]) for name in servers}
+            texts = {name: scrape.metrics(ports[name]) for name in servers}
             server = side(list(texts.values()), server_registries)
-            client = side([scrape(p) for p in client_ports], client_registries)
+            client = side([scrape.metrics(p) for p in client_ports], client_registries)
             evals = server.get("evaluation", [0.0])[0]
             return total(texts["barrier"], "fedat_tier_rounds_closed_total"), evals, server, client
 
@@ -365,7 +349,7 @@ def one(n: int, mode: Mode, names: list[str], w0: list[np.ndarray], logdir: Path
         row.server_round, row.server_eval = split(a[2], b[2], row.rounds, row.evaluations)
         row.client_round, row.client_eval = split(a[3], b[3], row.rounds, row.evaluations)
         row.deliveries, row.broker_bytes = ((bb[i] - ba[i]) / row.seconds for i in (0, 1))
-        queues = json.loads(http(f"{API}/queues/{urllib.parse.quote(vhost.name, safe='')}", auth=True))
+        queues = json.loads(scrape.get(f"{scrape.API}/queues/{urllib.parse.quote(vhost.name, safe='')}", auth=True))
         row.queues = len(queues)
         row.queue_mib = sum(q.get("memory", 0) for q in queues) / 2**20
         pids = sup.pids()

@@ -4,7 +4,6 @@ duration per tier, barrier/aggregator handling time per message, and the broker'
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import re
@@ -17,27 +16,12 @@ import urllib.request
 from collections import defaultdict
 from pathlib import Path
 
+import scrape  # bench/scrape.py: the management API and /metrics
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 SIZES = (100, 500, 1000)
 MINUTES = float(os.environ.get("FEDAT_BENCH_SCALE_MINUTES", "2.5"))
-API = "http://127.0.0.1:15672/api"
-
-
-def _get(url: str, auth: bool = False) -> bytes:
-    req = urllib.request.Request(url)
-    if auth:
-        req.add_header("Authorization", "Basic " + base64.b64encode(b"guest:guest").decode())
-    with urllib.request.urlopen(req, timeout=5) as r:
-        return r.read()
-
-
-def _metrics(port: int) -> str:
-    try:
-        return _get(f"http://127.0.0.1:{port}/metrics").decode()
-    except OSError:
-        return ""
 
 
 def _series(text: str, name: str) -> dict[str, float]:
@@ -72,7 +56,7 @@ def one(n: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / f"scale-{n}.yaml"
         path.write_text(yaml.safe_dump(exp))
-        before = {v["name"] for v in json.loads(_get(f"{API}/vhosts", auth=True))}
+        before = {v["name"] for v in json.loads(scrape.get(f"{scrape.API}/vhosts", auth=True))}
         proc = subprocess.Popen(
             [sys.executable, "-m", "fedat.cli", "run", str(path), "--minutes", str(MINUTES), "--results", tmp],
             stdout=subprocess.DEVNULL,
@@ -97,19 +81,19 @@ def one(n: int) -> dict:
                     pass
             total_peak = max(total_peak, now_total)
             port = {n: s["metrics_port"] for n, s in services.items() if s.get("metrics_port")}
-            prof = _metrics(port["profiler"]) if "profiler" in port else ""
+            prof = scrape.metrics(port["profiler"]) if "profiler" in port else ""
             if prof and profiler_seen is None:
                 profiler_seen = time.time()
             if assigned is None and _series(prof, "fedat_tier_assignments_total").get("", 0) >= 1:
                 assigned = time.time()
-            barrier = (_metrics(port["barrier"]) if "barrier" in port else "") or barrier
-            aggregator = (_metrics(port["aggregator"]) if "aggregator" in port else "") or aggregator
+            barrier = (scrape.metrics(port["barrier"]) if "barrier" in port else "") or barrier
+            aggregator = (scrape.metrics(port["aggregator"]) if "aggregator" in port else "") or aggregator
             if vhost is None:
-                new = {v["name"] for v in json.loads(_get(f"{API}/vhosts", auth=True))} - before
+                new = {v["name"] for v in json.loads(scrape.get(f"{scrape.API}/vhosts", auth=True))} - before
                 vhost = next((v for v in new if v.startswith("fedat-run-")), None)
             if vhost:
                 try:
-                    qs = json.loads(_get(f"{API}/queues/{urllib.parse.quote(vhost, safe='')}", auth=True))
+                    qs = json.loads(scrape.get(f"{scrape.API}/queues/{urllib.parse.quote(vhost, safe='')}", auth=True))
                     for q in qs:
                         depth[q["name"]] = max(depth[q["name"]], int(q.get("messages", 0)))
                 except OSError:
