@@ -319,7 +319,7 @@ def main() -> None:
         for downloads in (False, True):
             r = real_barrier_checkpoints(codec, w0, downloads)
             how = "against kept versions" if downloads else "whole"
-            print(f"| {codec} | {how} | {r['per_task'] / 1e3:.0f} kB | {r['saved'] / 1e6:.2f} MB | {r['kept']} |")
+            print(f"| {codec} | {how} | {r['per_task'] / 1e3:.0f} kB | {r['written'] / 1e6:.2f} MB | {r['kept']} |")
 
 
 if __name__ == "__main__":
