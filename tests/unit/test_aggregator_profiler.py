@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from fedat.fl.strategies import FedBuff, build_strategy
+from fedat.fl.strategies import STRATEGIES, FedBuff, build_strategy
 from fedat.fl.tiering import tier_of
 from fedat.protocol import topology
 from fedat.protocol.service import Inbound, Reject
@@ -319,3 +319,33 @@ def test_the_deadline_assigns_without_the_answers_still_arriving_which_join_late
     (out,) = p.on_timer("profile-deadline", 10.0).publish
     assert sorted(out.message.latencies) == [0, 1]
     assert p.on_timer("arrival:2", 30.0).publish == () and p.latency[2] == 30.0  # joins at the next re-tiering
+
+
+class KeepsEveryTier:
+    """A strategy as it is, except that the aggregator keeps every tier's model for it."""
+
+    reads_every_tier = True
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_only_strategies_that_read_every_tier_keep_every_tiers_model(name):
+    strategy = build_strategy(name)
+    arrivals = [(1 + k % 3, 1 + k // 3, 0.5 + k) for k in range(24)]
+    published = []
+    for s in (strategy, KeepsEveryTier(strategy)):
+        a = seeded(s, tiers=3)
+        outs = []
+        for tag, (tier, rnd, value) in enumerate(arrivals, start=2):
+            base = max(0, a.state.version - 1)  # trained from the version before the newest
+            fx = a.handle(inbound(tier_model(tier, rnd, value, base_version=base), tag=tag), 0.0)
+            outs += [(o.message.version, [x.tobytes() for x in decode_model(o.message.layers)]) for o in fx.publish]
+        published.append(outs)
+        kept = [m is not None for m in a.state.tier_models]
+        assert kept == [s.reads_every_tier] * 3, name
+    assert published[0] and published[0] == published[1], f"{name}: keeping fewer tier models changed its versions"

@@ -77,12 +77,16 @@ def _same(a, b) -> bool:
 @pytest.mark.parametrize("history", [4, 32])
 def test_fedbuff_writes_per_arrival_what_arrived_however_long_its_history(history):
     s = Saver(build_strategy("fedbuff", buffer_size=2, history=history))
-    sizes = [s.arrive((k,)) for k in range(60)]
-    # an arrival's entry carries its tier model and the buffer (float64), or with a step the global model and its
-    # version; the history's versions were written when each was new. A snapshot now and then holds them all.
+    sizes, journalled = [], 0
+    for k in range(60):
+        sizes.append(s.arrive((k,)))
+        journalled = max(journalled, len(s.queued(topology.journal_queue("aggregator"))))
+    # an arrival's entry carries the buffer (float64), or with a step the global model and its version (FedBuff reads
+    # only the arrival: no tier model is kept); the history's versions were written when each was new. A snapshot now
+    # and then holds them all, and purges the journal.
     entries = sorted(sizes)[: len(sizes) // 2]
-    assert max(entries) < 5 * MODEL_BYTES
-    assert len(s.queued(topology.journal_queue("aggregator"))) > 0  # journalled, not rewritten
+    assert max(entries) < 2.5 * MODEL_BYTES  # the float64 buffer is two models' worth; a tier model would be a third
+    assert journalled > 1  # journalled, not rewritten
 
 
 def test_aso_fed_writes_per_arrival_what_arrived_however_many_clients_it_heard_from():

@@ -68,7 +68,7 @@ class Totals:
 class AggregatorState:
     """Everything the aggregator must not forget."""
 
-    tier_models: tuple[Weights | None, ...]  # each tier's latest model (index 0 = fastest)
+    tier_models: tuple[Weights | None, ...]  # each tier's latest model (index 0 = fastest), if the strategy reads them
     counts: tuple[int, ...]  # T_m: tier models merged per tier
     rounds: tuple[int, ...]  # highest merged round per tier
     merged: tuple[Merged, ...]  # which rounds of each tier are merged (a copy is never merged twice)
@@ -127,10 +127,12 @@ class Aggregator(Reactive):
         if tm.round in state.merged[i]:
             return state, done(inbound) + Effects(observe=(Observation(DUPLICATES, tm.tier),))
         model = decode_model(tm.layers)
-        reference = next((w for w in state.tier_models if w is not None), None)
+        reference = state.global_model or next((w for w in state.tier_models if w is not None), None)
         if reference is not None and [a.shape for a in model] != [a.shape for a in reference]:
-            raise Reject(f"tier-model {tm.id}: layer shapes differ from the other tiers'")
-        tier_models = _set(state.tier_models, i, model)
+            raise Reject(f"tier-model {tm.id}: layer shapes differ from the global model's")
+        # A strategy that reads only the arrival gets only the arrival, and the state keeps no tier model for it.
+        kept = state.tier_models if self.strategy.reads_every_tier else (None,) * len(state.tier_models)
+        tier_models = _set(kept, i, model)
         counts = _set(state.counts, i, state.counts[i] + 1)
         pending = (*state.pending, (tm.tier, tm.round))
         view = CrossTier(
@@ -149,7 +151,7 @@ class Aggregator(Reactive):
         t = state.totals
         state = replace(
             state,
-            tier_models=tier_models,
+            tier_models=tier_models if self.strategy.reads_every_tier else kept,
             counts=counts,
             # concurrent rounds of one tier may finish out of order
             rounds=_set(state.rounds, i, max(state.rounds[i], tm.round)),

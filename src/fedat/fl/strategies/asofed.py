@@ -33,6 +33,7 @@ class ASOFed(Basics):
     """
 
     state_type = Copies
+    reads_every_tier = False  # merge_global reads the arriving tier's model only
 
     name: str = "aso-fed"
     concurrency: int = concurrency()

@@ -54,6 +54,7 @@ class Strategy(Protocol[S]):
 
     name: str
     history: int  # global versions the aggregator keeps (and persists) so that arrivals find their base model
+    reads_every_tier: bool  # merge_global reads every tier's latest model; False: only the arrival's, kept by no one
 
     def schedule(self, busy: Mapping[int, int], stats: TierStats, rng: np.random.Generator) -> list[int]:
         """Tiers (1 = fastest; repeated to open several) that start a round now, given each tier's unmerged rounds."""
@@ -157,6 +158,10 @@ class Basics:
     """What every strategy does alike, written once: uniformly random clients and a sample-weighted tier merge."""
 
     history: int = 0  # global versions kept for arrivals' bases; only the delta-based strategies need any
+    # Whether merge_global reads the latest model of every tier or only the arriving one. The aggregator keeps and
+    # persists the other tiers' models only when it is true, so the default is the safe one: a strategy that says
+    # False sees only the arrival's model in `CrossTier.tier_models`, every time, and spares its checkpoints a model.
+    reads_every_tier: ClassVar[bool] = True
     state_type: ClassVar[type | None] = None  # the class of the state it persists between merges, if any
 
     def select_clients(self, candidates: Sequence[int], k: int, rng: np.random.Generator) -> list[int]:

@@ -39,6 +39,7 @@ class FedATDelta(Basics):
     the paper's appendix analyses, w^(t+1) = w^t − (T_(M+1−m)/T) η ḡ_m, with −η ḡ_m the tier round's delta.
     """
 
+    reads_every_tier = False  # merge_global reads the arriving tier's model only
     name: str = "fedat-delta"
     server_lr: float = server_lr()
     staleness: str = staleness()

@@ -31,6 +31,7 @@ class FedAsync(Basics):
     w <- (1 - a_t) w + a_t w_new with a_t = async_alpha * s(t - tau), s the staleness function.
     """
 
+    reads_every_tier = False  # merge_global reads the arriving tier's model only
     name: str = "fedasync"
     concurrency: int = concurrency()
     async_alpha: float = setting(0.6, "FedAsync's mixing weight α", gt=0.0, le=1.0)

@@ -44,6 +44,7 @@ class FedBuff(Basics):
     """
 
     state_type = Buffer
+    reads_every_tier = False  # merge_global reads the arriving tier's model only
 
     name: str = "fedbuff"
     concurrency: int = concurrency()

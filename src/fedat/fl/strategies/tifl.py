@@ -20,6 +20,7 @@ class TiFL(Basics):
     rank them instead (a tier that never ran counts as the worst). `tifl_credits` caps each tier's rounds (0: none).
     """
 
+    reads_every_tier = False  # merge_global reads the arriving tier's model only
     name: str = "tifl"
     tifl_credits: int = setting(0, "TiFL's rounds per tier (0: no cap)", ge=0)
 
