@@ -116,12 +116,14 @@ def run(strategy: str, arrivals: list[TierModel], g0: wire.GlobalModel, persist:
         counting = Counting(ch)
         metrics = transport_metrics(CollectorRegistry(), "aggregator")
         runner = bus.Runner(service, cfg, metrics, time.time, persist, observe)
-        bus.Session(conn, ch, runner).start()
+        session = bus.Session(conn, ch, runner, group=True)  # as run_service runs it
+        session.start()
         started = time.perf_counter()
         while len(merged) < len(arrivals):
             if time.perf_counter() - started > 600:
                 raise RuntimeError(f"{strategy}: {len(merged)} of {len(arrivals)} arrivals merged in 10 minutes")
             conn.process_data_events(time_limit=0.05)
+            session.flush()
         out = {"seconds": stamps[-1] - started, "written": float(counting.state_bytes)}
         conn.close()  # the process is gone: what is left is on the broker
         if persist:

@@ -55,6 +55,11 @@ class ProvisionError(RuntimeError):
     """A management API call failed, or the broker holds something that conflicts with the topology."""
 
 
+class CommitFailed(ConnectionError):
+    """Transitions already handled could not be saved or published: the service drops its connection and restores
+    its latest checkpoint, so their inputs come again (a ConnectionError, so the shell's reconnect takes it)."""
+
+
 class BrokerError(RuntimeError):
     """A private broker node failed to start, answer or stop; the message names the step and carries the log tail."""
 

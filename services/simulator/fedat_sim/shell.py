@@ -10,6 +10,10 @@ dead-letter → ack → hold → timers → observe; dead-lettering; requeue on 
     (restore the checkpoint and re-send its outbox, on_start, consume) → serve; on a RECOVERABLE error: refuse
     on 403, else drop the connection and reconnect after a backoff of 0.5 s doubling to cfg.max_backoff.
 
+One difference: `run_service` groups the transitions of one dispatch behind one checkpoint (`Session(group=True)`),
+a saving in confirmed writes that virtual time does not have; here each transition is committed as it is handled,
+so a run replays exactly. The grouping itself is tested on this broker (tests/unit/test_sim_shell.py).
+
 The Runner outlives connections (a reconnect keeps the in-memory state and restores the checkpoint over it); a
 crash (`kill`) throws the Runner away, and the restarted process starts from `initial()` and its checkpoint, as a
 SIGKILLed pod restarted by Kubernetes does.

@@ -8,6 +8,11 @@ Nothing else in the project builds AMQP frames. Order of a transition's effects,
    holds models is saved with only the models no earlier checkpoint carries (`fedat.protocol.journal`);
 3. the outbox is published (each confirmed), dead letters are sent, inputs are acked, last.
 
+A durable service under `run_service` commits in groups: the transitions of the deliveries (and timers) dispatched
+together are taken in one after the other, each on the state the one before left, and then saved as one checkpoint
+whose outbox holds all their outputs, before any of them is published or acked. Under load that is one confirmed
+write for several transitions instead of one each; a lone delivery is committed as soon as it is handled.
+
 A crash after 2 republishes the outbox on restart (same ids: receivers drop copies); a crash before 2 leaves the
 inputs unacked, so the broker redelivers them to a service that restores the previous checkpoint. Either way no
 input is acked whose effect is not saved, and no output is seen whose state is not saved. Malformed, forged or
@@ -32,16 +37,18 @@ from typing import Any
 import pika
 import pika.exceptions as pe
 
-from fedat.errors import BrokerRefused, CheckpointMismatch  # noqa: F401 (re-exported)
+from fedat.errors import BrokerRefused, CheckpointMismatch, CommitFailed  # noqa: F401 (re-exported)
 from fedat.protocol import checkpoint, ids, journal, signing, topology, wire
 from fedat.protocol import fingerprint as fingerprint_mod
 from fedat.protocol.checkpoint import Checkpoint, Sent
 from fedat.protocol.modelstore import Models
-from fedat.protocol.service import Effects, Held, Inbound, Interrupted, Observation, Outgoing, Reject, Service
+from fedat.protocol.service import NOTHING, Effects, Held, Inbound, Interrupted, Observation, Outgoing, Reject, Service
 from fedat.runtime.metrics import TransportMetrics
 from fedat.runtime.tls import TlsConfig, ssl_options
 
 log = logging.getLogger(__name__)
+
+GROUP_MAX = 64  # transitions in one group commit at most; its outbox bytes are capped by the message size too
 
 # Loss of the connection or the channel: rebuild and start over (unacked work is redelivered).
 RECOVERABLE = (pe.AMQPConnectionError, pe.AMQPChannelError, pe.StreamLostError, ConnectionError, OSError)
@@ -244,6 +251,7 @@ class Runner:
         self.codec = getattr(service, "codec", None)
         self.store = BrokerStore(service.name) if persist and self.codec is not None else None
         self.state: Any = service.initial()
+        self.saved: Any = self.state  # the state of the latest checkpoint (the state may run ahead of it in a group)
         self.seq = 0
         self.models = Models()  # the arrays the state holds, each hashed once
         self.journal = journal.Journal()  # what the broker holds of the checkpoints, as of the last restore and save
@@ -259,11 +267,13 @@ class Runner:
         restored = self.store.restore(channel)
         if restored is None:
             self.state, self.seq, self.journal = self.service.initial(), 0, journal.Journal()
+            self.saved = self.state
             log.info("%s: no checkpoint yet, starting fresh", self.service.name)
             return
         saved = restored.checkpoint
         self.check(saved)
         self.state, self.seq = self.codec.decode(saved.state, saved.models), saved.seq
+        self.saved = self.state
         self.journal = restored.journal
         publish_sent(channel, saved.outbox, self.metrics)
         self.metrics.restore_seconds.observe(time.perf_counter() - started)
@@ -293,7 +303,7 @@ class Runner:
 
         Also when only outputs exist: what leaves must be in a checkpoint, whether or not the state moved.
         """
-        if self.store is None or (state is self.state and not sent):
+        if self.store is None or (state is self.saved and not sent):
             return
         started = time.perf_counter()
         self.models.begin()
@@ -303,46 +313,96 @@ class Runner:
         self.store.save(channel, c)
         if self.journal.saved(c):
             self.store.purge(channel)
-        self.seq = c.seq
+        self.seq, self.saved = c.seq, state
         self.metrics.state_saves.inc()
         self.metrics.state_save_seconds.observe(time.perf_counter() - started)
 
 
-class Session:
-    """One connection's worth of running a service: its unacked deliveries and timers belong to the connection."""
+@dataclass(frozen=True)
+class Staged:
+    """A transition taken in but not yet committed: what waits for its checkpoint."""
 
-    def __init__(self, conn, channel, runner: Runner):
+    sent: tuple[Sent, ...]
+    effects: Effects
+
+
+class Session:
+    """One connection's worth of running a service: its unacked deliveries and timers belong to the connection.
+
+    With `group`, transitions are committed together at `flush` (the caller's loop flushes after each dispatch of
+    events); without, each is committed as it is handled. Only a service that saves checkpoints groups: that is what
+    a group saves, one confirmed write for many transitions, and a worker's first answer must not wait for its next.
+    """
+
+    def __init__(self, conn, channel, runner: Runner, group: bool = False):
         self.conn, self.channel, self.runner = conn, channel, runner
         self.service, self.metrics, self.cfg = runner.service, runner.metrics, runner.cfg
         self.subscriptions = self.service.subscriptions()
         self.unacked: dict[int, tuple] = {}  # raw deliveries by tag, so a held one can be dead-lettered byte for byte
         self.held: dict[int, Held] = {}  # what handlers see of the deliveries they hold
         self.held_view = MappingProxyType(self.held)  # read-only and live: no copy per message
+        self.group = group and runner.store is not None
+        self.staged: list[Staged] = []
+        self.settling: set[int] = set()  # tags a staged transition acks or dead-letters
+        self.staged_bytes = 0
 
     def commit(self, state: Any, effects: Effects, inbound: Inbound | None = None) -> None:
-        """Carry out a transition: encode, save, publish, dead-letter, ack, hold, arm timers."""
+        """Carry out a transition: now, or with the rest of its group at `flush`."""
+        self.stage(state, effects, inbound)
+        if not self.group or len(self.staged) >= GROUP_MAX or self.staged_bytes > self.cfg.max_message_bytes // 4:
+            self.flush()
+
+    def stage(self, state: Any, effects: Effects, inbound: Inbound | None = None) -> None:
+        """Take a transition in: encode its outputs (one that cannot be sent raises before anything changed), move
+        the state on and hold what it holds; its outputs, dead letters, acks and timers wait for `flush`."""
         sent = encode_all(effects.publish, self.cfg)
-        self.runner.save(self.channel, state, sent)
-        self.runner.state = state
-        publish_sent(self.channel, sent, self.metrics)
-        for tag, reason in effects.dead_letter:
-            if tag in self.unacked:
-                self.dead_letter(*self.unacked[tag], reason)
-        for tag in effects.ack:
-            if self.unacked.pop(tag, None) is not None:
-                self.held.pop(tag, None)
-                self.channel.basic_ack(delivery_tag=tag)
+        if state is not self.runner.state or effects != NOTHING:  # a transition that changed nothing has no commit
+            self.runner.state = state
+            self.staged.append(Staged(sent, effects))
+            self.staged_bytes += sum(len(s.body) for s in sent)
+        settled = {tag for tag in (*effects.ack, *(t for t, _ in effects.dead_letter)) if tag in self.unacked}
+        self.settling |= settled
+        for tag in settled:
+            self.held.pop(tag, None)  # the next handler of the group must not see it as held
         notes = dict(effects.hold)
-        if inbound is not None and inbound.tag in self.unacked:
+        if inbound is not None and inbound.tag in self.unacked and inbound.tag not in self.settling:
             self.held[inbound.tag] = Held(inbound, notes.pop(inbound.tag, None))
         for tag, note in notes.items():
             if tag in self.held:
                 self.held[tag] = Held(self.held[tag].inbound, note)
-        for delay, key in effects.timers:
-            self.conn.call_later(max(0.0, delay), lambda key=key: self.on_timer(key))
+
+    def flush(self) -> None:
+        """Commit the staged transitions: one checkpoint of the latest state with all their outputs, then publish,
+        dead-letter, ack and arm timers in the order they were staged; observations last."""
+        if not self.staged:
+            return
+        group, self.staged, self.staged_bytes = self.staged, [], 0
+        sent = tuple(s for g in group for s in g.sent)
+        try:
+            self.runner.save(self.channel, self.runner.state, sent)
+            publish_sent(self.channel, sent, self.metrics)
+        except RECOVERABLE:
+            raise
+        except Exception as exc:
+            # The state has moved past the checkpoint: requeueing one input would apply it twice. Start over from
+            # the checkpoint instead, as after a lost connection.
+            raise CommitFailed(f"{self.service.name}: {len(group)} transition(s) not committed: {exc!r}") from exc
+        for g in group:
+            for tag, reason in g.effects.dead_letter:
+                if tag in self.unacked:
+                    self.dead_letter(*self.unacked[tag], reason)
+            for tag in g.effects.ack:
+                if self.unacked.pop(tag, None) is not None:
+                    self.channel.basic_ack(delivery_tag=tag)
+        self.settling.clear()
+        for g in group:
+            for delay, key in g.effects.timers:
+                self.conn.call_later(max(0.0, delay), lambda key=key: self.on_timer(key))
+        self.metrics.group_transitions.observe(len(group))
         if self.runner.observe is not None:
-            for o in effects.observe:
-                self.runner.observe(o)
+            for g in group:
+                for o in g.effects.observe:
+                    self.runner.observe(o)
 
     def dead_letter(self, queue: str, method, props, body: bytes, reason: str) -> None:
         """Republish a delivery unchanged to the dead-letter exchange with the reason, then ack it."""
@@ -428,6 +488,7 @@ class Session:
         self.runner.restore(self.channel)
         state, effects = self.service.on_start(self.runner.state, self.runner.clock())
         self.commit(state, effects)
+        self.flush()
         self.queue_of = {}
         for queue in self.subscriptions:
             tag = self.channel.basic_consume(queue=queue, on_message_callback=self.on_message)
@@ -505,13 +566,15 @@ def run_service(
             conn = connect(cfg)
             channel = confirm_channel(conn, cfg)
             channel.basic_qos(prefetch_count=cfg.prefetch)
-            Session(conn, channel, runner).start()
+            session = Session(conn, channel, runner, group=True)
+            session.start()
             metrics.connected.set(1)
             log.info("%s connected to the broker", service.name)
             backoff = 0.5
             while not stop.is_set():
                 metrics.loop.set(time.time())
-                conn.process_data_events(time_limit=0.5)
+                conn.process_data_events(time_limit=0.5)  # returns once it has dispatched what arrived
+                session.flush()
                 # A channel closed by the broker (e.g. consumer_timeout) does not raise here: check it.
                 if channel.is_closed or not channel.consumer_tags:
                     raise pe.ChannelClosed(-1, "channel closed or consumer cancelled by the broker")

@@ -30,6 +30,7 @@ class TransportMetrics:
     connected: Gauge
     state_saves: Counter
     state_save_seconds: Histogram
+    group_transitions: Histogram
     restore_seconds: Histogram
     loop: Gauge
 
@@ -71,6 +72,12 @@ def transport_metrics(registry: CollectorRegistry, service: str) -> TransportMet
             "Time to save one checkpoint, confirmed",
             registry=registry,
             buckets=(0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1, 3),
+        ),
+        group_transitions=Histogram(
+            "fedat_commit_group_transitions",
+            "Transitions committed together, behind one checkpoint (1 when each is committed alone)",
+            registry=registry,
+            buckets=(1, 2, 4, 8, 16, 32, 64),
         ),
         loop=Gauge(
             "fedat_event_loop_timestamp_seconds", "Unix time the service's event loop last turned", registry=registry
