@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 
 from fedat.fl.strategies import REGISTRY, build_strategy
 from fedat.ops import broker_admin
-from fedat.protocol import checkpoint, journal, signing, topology, wire
+from fedat.protocol import checkpoint, journal, signing, system, topology, wire
 from fedat.protocol.checkpoint import Checkpoint
 from fedat.protocol.modelstore import Models
 from fedat.protocol.service import Held, Inbound, Observation, Outgoing
@@ -40,7 +40,7 @@ CLIENTS = 100
 PER_ROUND = 10
 ARRIVALS = 60
 REPEATS = 5
-PREFETCH = 4  # the aggregator's (docs/architecture.md §2)
+PREFETCH = system.BY_NAME["aggregator"].prefetch  # as deployed
 KEYRING = signing.Keyring.from_secret(bytes(range(32)))
 
 

@@ -121,7 +121,7 @@ def test_system_settings_come_from_the_production_settings_functions():
     clock = Clock()
     system = System(exp, fake_parts(8), clock, MemoryBroker(clock), RunState(clock.now), _Sink())
     assert system.processes["barrier"].cfg.prefetch == 64  # max(64, 4 * k * tiers + 8)
-    assert system.processes["aggregator"].cfg.prefetch == 4
+    assert system.processes["aggregator"].cfg.prefetch == 16
     assert system.processes["profiler"].cfg.prefetch == 64
     assert system.processes["worker-0"].cfg.prefetch == 0  # every client on its own virtual core
     assert system.processes["barrier"].cfg.keyring is None  # unsigned unless a secret is given

@@ -77,7 +77,7 @@ SERVICES: tuple[Service, ...] = (
         ("barrier", "clients", "aggregator", "seed", "profiler", "evaluator"),
     ),
     Service(
-        "aggregator", "fedat_aggregator.aggregator_main", "fedat-aggregator", Kind.SINGLETON, Phase.SERVE, True, 4,
+        "aggregator", "fedat_aggregator.aggregator_main", "fedat-aggregator", Kind.SINGLETON, Phase.SERVE, True, 16,
         9102, ("aggregator", "barrier", "seed"),
     ),
     Service(
