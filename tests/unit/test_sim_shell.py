@@ -208,12 +208,18 @@ def grouped_session(broker: MemoryBroker, clock: Clock) -> tuple[bus.Session, bu
     return session, runner
 
 
-def test_a_group_commit_saves_once_for_its_transitions_and_releases_nothing_before():
+def watched_broker() -> tuple[Clock, MemoryBroker, list[str]]:
+    """A memory broker and the ids of the Counter's outputs as they leave, in order."""
     clock = Clock()
     broker = MemoryBroker(clock)
     broker.declare_topology(1)
     outputs: list[str] = []
     broker.taps.append(lambda ex, key, body, props: ex == topology.CONTROL and outputs.append(props.message_id))
+    return clock, broker, outputs
+
+
+def test_a_group_commit_saves_once_for_its_transitions_and_releases_nothing_before():
+    clock, broker, outputs = watched_broker()
     session, runner = grouped_session(broker, clock)
     saved = runner.seq
     send_reports(broker.connect("barrier").channel(), range(1, 4))
@@ -229,11 +235,7 @@ def test_a_group_commit_saves_once_for_its_transitions_and_releases_nothing_befo
 
 
 def test_a_group_lost_before_its_checkpoint_is_redone_from_the_one_before():
-    clock = Clock()
-    broker = MemoryBroker(clock)
-    broker.declare_topology(1)
-    outputs: list[str] = []
-    broker.taps.append(lambda ex, key, body, props: ex == topology.CONTROL and outputs.append(props.message_id))
+    clock, broker, outputs = watched_broker()
     session, runner = grouped_session(broker, clock)
     pub = broker.connect("barrier").channel()
     send_reports(pub, range(1, 3))
