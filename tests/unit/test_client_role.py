@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from fedat.deploy.enroll import client_env, username
+from fedat.deploy.enroll import close_connection, client_env, username
 from fedat.deploy.roles import NOTHING, client_role
+from fedat.errors import ProvisionError
 from fedat.protocol import topology as t
 
 N = 5
@@ -59,3 +60,33 @@ def test_client_users_are_named_like_the_roles_users_and_the_env_file_is_the_doc
     assert tls[-2:] == ["FEDAT_TLS_CA_FILE=ca.pem", "FEDAT_APP=my_app:app"]
     with pytest.raises(ValueError, match="integer >= 0"):
         client_role(-1)
+
+
+class ClosingApi:
+    """A management API whose connection DELETE fails `failures` times with a 500, and which lists the connection
+    until `gone_after` GETs of it have been answered (None: for ever)."""
+
+    def __init__(self, failures: int, gone_after: int | None):
+        self.failures, self.gone_after, self.gets, self.deletes = failures, gone_after, 0, 0
+
+    def call(self, method, path, body=None, missing_ok=False):
+        if method == "DELETE":
+            self.deletes += 1
+            if self.deletes <= self.failures:
+                raise ProvisionError(f"DELETE /api/{path} failed: HTTP 500 Internal Server Error: ")
+            return None
+        self.gets += 1
+        return None if self.gone_after is not None and self.gets >= self.gone_after else {"name": path}
+
+
+def test_revoking_a_connection_that_closes_meanwhile_is_fine_one_that_stays_is_an_error():
+    closing = ClosingApi(failures=1, gone_after=1)  # RabbitMQ closed it itself: the DELETE met it closing
+    close_connection(closing, "c1", pause=0)
+    assert closing.deletes == 1
+    busy = ClosingApi(failures=1, gone_after=None)  # still listed: tried again, and the second DELETE works
+    close_connection(busy, "c1", pause=0)
+    assert busy.deletes == 2
+    stuck = ClosingApi(failures=99, gone_after=None)
+    with pytest.raises(ProvisionError, match="HTTP 500"):
+        close_connection(stuck, "c1", tries=3, pause=0)
+    assert stuck.deletes == 3
