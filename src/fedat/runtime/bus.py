@@ -343,7 +343,6 @@ class Session:
         self.held_view = MappingProxyType(self.held)  # read-only and live: no copy per message
         self.group = group and runner.store is not None
         self.staged: list[Staged] = []
-        self.settling: set[int] = set()  # tags a staged transition acks or dead-letters
         self.staged_bytes = 0
 
     def commit(self, state: Any, effects: Effects, inbound: Inbound | None = None) -> None:
@@ -361,11 +360,10 @@ class Session:
             self.staged.append(Staged(sent, effects))
             self.staged_bytes += sum(len(s.body) for s in sent)
         settled = {tag for tag in (*effects.ack, *(t for t, _ in effects.dead_letter)) if tag in self.unacked}
-        self.settling |= settled
         for tag in settled:
             self.held.pop(tag, None)  # the next handler of the group must not see it as held
         notes = dict(effects.hold)
-        if inbound is not None and inbound.tag in self.unacked and inbound.tag not in self.settling:
+        if inbound is not None and inbound.tag in self.unacked and inbound.tag not in settled:
             self.held[inbound.tag] = Held(inbound, notes.pop(inbound.tag, None))
         for tag, note in notes.items():
             if tag in self.held:
@@ -394,7 +392,6 @@ class Session:
             for tag in g.effects.ack:
                 if self.unacked.pop(tag, None) is not None:
                     self.channel.basic_ack(delivery_tag=tag)
-        self.settling.clear()
         for g in group:
             for delay, key in g.effects.timers:
                 self.conn.call_later(max(0.0, delay), lambda key=key: self.on_timer(key))
