@@ -378,6 +378,8 @@ class Session:
         sent = tuple(s for g in group for s in g.sent)
         try:
             self.runner.save(self.channel, self.runner.state, sent)
+            # counted once saved (a group is committed then), so whoever sees its outputs sees it counted
+            self.metrics.group_transitions.observe(len(group))
             publish_sent(self.channel, sent, self.metrics)
         except RECOVERABLE:
             raise
@@ -395,7 +397,6 @@ class Session:
         for g in group:
             for delay, key in g.effects.timers:
                 self.conn.call_later(max(0.0, delay), lambda key=key: self.on_timer(key))
-        self.metrics.group_transitions.observe(len(group))
         if self.runner.observe is not None:
             for g in group:
                 for o in g.effects.observe:
