@@ -2,7 +2,8 @@
 `fedat-client` process with only its own shard in its own folder and its own credentials.
 
 Seven clients start (3 and 4 slow: `--delay 2`), an eighth joins late. Along the way client 3 is SIGKILLed while it
-holds a trained task and is restarted, client 6 is revoked, and client 7 is SIGKILLed and restarted with a stolen key
+holds a trained task and is restarted (its task, sent against the version it kept, is answered from the state it
+kept in its folder), client 6 is revoked, and client 7 is SIGKILLed and restarted with a stolen key
 (client 0's, under its own name). The run must show: global versions from both tiers, a federated accuracy of at
 least ACCURACY_FLOOR, the slow clients tiered apart, the killed client back in the rounds with its task given back by
 the broker, the late client profiled and tiered, the revoked client refused by the broker, and the stolen-key
@@ -27,7 +28,7 @@ import pika
 import pytest
 
 from fedat.deploy.ports import free_ports
-from fedat.protocol import signing, topology
+from fedat.protocol import signing, topology, wire
 
 from .real_client_app import write_shard
 
@@ -188,6 +189,17 @@ def ready_messages(vhost: str, queue: str) -> int:
         conn.close()
 
 
+def first_message(vhost: str, queue: str):
+    """The message at the head of `queue`, decoded and left there."""
+    conn = admin(vhost)
+    try:
+        method, _, body = conn.channel().basic_get(queue, auto_ack=False)
+        assert method is not None, f"{queue} is empty"
+        return wire.decode(body)
+    finally:
+        conn.close()  # unacked: back at the head
+
+
 def dead_letter_reasons(vhost: str) -> list[str]:
     """Every dead letter's reason (left in the queue)."""
     conn = admin(vhost)
@@ -233,6 +245,7 @@ def test_real_clients_train_a_federation_through_kills_a_late_join_a_revocation_
         c3.proc.wait(10)
         queue = topology.client_queue(3)
         assert wait_for("the broker to give client 3's task back", lambda: ready_messages(serve.vhost, queue), deadline)
+        given_back = first_message(serve.vhost, queue)
         c3.start()
 
         # A stolen key: client 0's key under client 7's name. Killed without a goodbye, client 7 is still in its tier,
@@ -271,6 +284,10 @@ def test_real_clients_train_a_federation_through_kills_a_late_join_a_revocation_
 
         # The restarted client rejoined: profiled again (one profiling task), and back in the rounds.
         wait_for("client 3 profiled again and training", lambda: c3.trainings().get(0) == 1 and c3.in_tier(), deadline)
+        # The task given back was sent against the version it kept; its state folder kept that version over the kill.
+        assert given_back.relative_to >= 0, given_back.id
+        assert not any(given_back.id in r for r in dead_letter_reasons(serve.vhost))
+        assert (c3.folder / "state" / "snapshot").exists()
         # The late client was profiled, then tiered.
         c5 = clients[5]
         wait_for(

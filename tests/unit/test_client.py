@@ -195,6 +195,11 @@ def test_the_env_file_is_the_clients_identity_and_the_flags_win(tmp_path):
     assert got["FEDAT_AMQP_URL_FILE"] == str(folder / "amqp-url") and got["FEDAT_KEYRING_FILE"] == "/etc/k.json"
     assert got["FEDAT_APP"] == f"{APPS}:good"
     assert args.delay == 2.0
+    # it keeps its state beside its identity unless told otherwise; empty: nowhere
+    assert got["FEDAT_STATE_DIR"] == str(folder / "state")
+    assert client_main.settings(env(FEDAT_STATE_DIR=got["FEDAT_STATE_DIR"])).state_dir == str(folder / "state")
+    assert client_main.settings(env(FEDAT_STATE_DIR="")).state_dir == ""
+    assert client_main.settings(env()).state_dir == ""  # no enrollment folder, no default
     (folder / "bad.env").write_text("FEDAT_CLIENT_ID 3\n")
     with pytest.raises(ConfigError, match=r"bad.env:1: expected NAME=value"):
         client_main.read_env_file(folder / "bad.env")
@@ -246,3 +251,37 @@ def test_a_task_sent_against_a_version_it_keeps_decodes_exactly_and_one_it_does_
     # A pool worker keeps no model: a task sent against one is refused, never trained from a wrong model.
     with pytest.raises(Reject, match=r"does not keep \(it keeps none\)"):
         local.start_weights(t9, c1.initial_weights, c1.shapes)
+
+
+def test_a_restarted_client_decodes_a_task_against_the_version_it_kept_from_its_state_folder(c1, tmp_path):
+    rng = np.random.default_rng(4)
+    w7 = [(w + rng.normal(0, 0.01, w.shape)).astype(np.float32) for w in c1.initial_weights]
+    g7 = encode_model(w7, c1.names, "polyline")
+    d = Driver(c1)
+    d.deliver(topology.client_queue(1), task(c1, layers=g7))  # version 7, sent whole
+    before = filestore_runner(c1, tmp_path)
+    before.save(None, d.state, ())  # what `run_service` writes ahead of the answer; the process is then killed
+    g9 = encode_model([(w + 0.001).astype(np.float32) for w in w7], c1.names, "polyline")
+    t9 = replace(task(c1, layers=encode_against(g9, decode_model(g9), decode_model(g7))), id="t2-r4-c1-v9",
+                 round=4, version=9, relative_to=7)  # fmt: skip
+    with pytest.raises(Reject, match="does not keep"):
+        Driver(c1).deliver(topology.client_queue(1), t9)  # restarted without its folder
+    restarted = Driver(c1)
+    restarted.state = filestore_runner(c1, tmp_path).state
+    assert [w.tobytes() for w in restarted.state.models[7]] == [w.tobytes() for w in decode_model(g7)]
+    (out,) = restarted.deliver(topology.client_queue(1), t9).publish
+    assert out.message.base_version == 9
+
+
+def filestore_runner(service, folder):
+    """A client process whose state lives in `folder`, restored from it."""
+    from prometheus_client import CollectorRegistry
+
+    from fedat.runtime import bus
+    from fedat.runtime.filestore import FileStore
+    from fedat.runtime.metrics import transport_metrics
+
+    metrics = transport_metrics(CollectorRegistry(), "client")
+    r = bus.Runner(service, bus.BrokerConfig(), metrics, lambda: 0.0, True, store=FileStore(folder, "client"))
+    r.restore(None)
+    return r

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from fedat.deploy.enroll import close_connection, client_env, username
+from fedat.deploy.enroll import client_env, close_connection, username
 from fedat.deploy.roles import NOTHING, client_role
 from fedat.errors import ProvisionError
 from fedat.protocol import topology as t

@@ -21,6 +21,7 @@ import numpy as np
 
 from fedat.protocol import ids, topology
 from fedat.protocol.service import NOTHING, Effects, Held, Inbound, Observation, Outgoing, Reject, Subscription, done
+from fedat.protocol.statecodec import StateCodec
 from fedat.protocol.wire import ClientEvaluation, EvaluationRequest, Join, TrainTask, model_bytes
 from fedat_worker import local
 from fedat_worker.datasets import ClientData
@@ -44,14 +45,14 @@ class ClientConfig:
 
 @dataclass(frozen=True)
 class ClientState:
-    """What a client remembers while it runs (not persisted: a restarted client joins again and starts over)."""
+    """What a client remembers; saved in its state folder, if it has one, so a restart keeps its task models."""
 
     joins: int = 0  # joins sent, one per connection
     answered: int = 0  # tasks answered
     evaluated: int = -1  # the newest global version scored; a copy of an older request is not scored again
     # The global models of its newest tasks, by version, as decoded: the barrier sends a task against the version
     # of the client's newest answer rather than whole (TrainTask.relative_to).
-    models: Mapping[int, list[np.ndarray]] = field(default_factory=dict)
+    models: Mapping[int, tuple[np.ndarray, ...]] = field(default_factory=dict)
 
 
 # Task models kept: the barrier names the base of the client's newest answer that reached it, and a client answers
@@ -73,6 +74,7 @@ class Client:
     """Trains its own tasks, answers profiling tasks, scores global models on its own test split."""
 
     name = "client"
+    codec = StateCodec(1, (ClientState,))
 
     def __init__(
         self,
@@ -178,7 +180,7 @@ class Client:
         return replace(state, evaluated=req.version), fx
 
 
-def _keep(models: Mapping[int, list[np.ndarray]], version: int, weights: list[np.ndarray]) -> dict:
+def _keep(models: Mapping[int, tuple[np.ndarray, ...]], version: int, weights: list[np.ndarray]) -> dict:
     """`models` with `version` added, the newest KEPT_MODELS versions only."""
-    kept = {**models, version: weights}
+    kept = {**models, version: tuple(weights)}
     return {v: kept[v] for v in sorted(kept)[-KEPT_MODELS:]}

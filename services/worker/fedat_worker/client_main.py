@@ -4,7 +4,9 @@
 
 Variables: FEDAT_CLIENT_ID (required), FEDAT_APP (default the built-in app), FEDAT_AMQP_URL or FEDAT_AMQP_URL_FILE,
 FEDAT_KEYRING_FILE (holding this client's own key `client-<k>`), FEDAT_NUM_TIERS, FEDAT_TLS_* for amqps://,
-FEDAT_METRICS_PORT (default 9107; 0 = none), FEDAT_TF_THREADS (default 1), and any FEDAT_* variable the app reads.
+FEDAT_METRICS_PORT (default 9107; 0 = none), FEDAT_TF_THREADS (default 1), FEDAT_STATE_DIR (where the client keeps
+its state, the task models it decodes the next task against, across restarts; default `state` beside the `--env`
+file, none without one; empty = none), and any FEDAT_* variable the app reads.
 The `--env` file's variables win over the inherited environment (the file is the client's identity, as enrolled);
 the flags win over both. A relative path in a `*_FILE` variable of the file is taken from the file's folder.
 """
@@ -20,12 +22,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from fedat.errors import AppError, BrokerRefused, ConfigError
+from fedat.errors import AppError, BrokerRefused, CheckpointError, ConfigError, StateError
 from fedat.protocol import ids, topology
 from fedat.protocol.service import Outgoing
 from fedat.protocol.wire import Leave
 from fedat.runtime import config
 from fedat.runtime.bus import BrokerConfig, publish_once
+from fedat.runtime.filestore import FileStore
 from fedat.runtime.serving import serve_forever, setup_logging, stop_on_signals
 from fedat_worker.app import DEFAULT_APP, Context
 from fedat_worker.client import ClientConfig
@@ -34,6 +37,7 @@ log = logging.getLogger(__name__)
 
 METRICS_PORT = 9107  # the next port after the services' (system table): a client usually runs alone on its host
 LEAVE_PATIENCE = 10.0  # seconds a stopping client tries to say goodbye to an unreachable broker
+STATE_DIR = "FEDAT_STATE_DIR"
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,7 @@ class Settings:
     context: Context  # what the app is told: this client's id, the seed, the FEDAT_* settings
     threads: int
     metrics_port: int
+    state_dir: str  # where its state is saved across restarts; "" = nowhere
 
 
 def read_env_file(path: str | os.PathLike) -> dict[str, str]:
@@ -75,6 +80,7 @@ def environment(args: argparse.Namespace, inherited: Mapping[str, str]) -> dict[
     env = dict(inherited)
     if args.env:
         env.update(read_env_file(args.env))
+        env.setdefault(STATE_DIR, str(Path(args.env).parent / "state"))  # the enrollment folder is the client's own
     if args.app:
         env["FEDAT_APP"] = args.app
     return env
@@ -107,6 +113,7 @@ def settings(env: Mapping[str, str], delay: float = 0.0) -> Settings:
         context=ctx,
         threads=config.get_int(env, "FEDAT_TF_THREADS", 1),
         metrics_port=config.get_int(env, "FEDAT_METRICS_PORT", METRICS_PORT),
+        state_dir=env.get(STATE_DIR, "").strip(),
     )
 
 
@@ -175,6 +182,7 @@ def main(argv: list[str] | None = None) -> None:
         s = settings(environment(args, os.environ), args.delay)
         stop = stop_on_signals()
         service = build(s, stop.is_set)
+        store = FileStore(s.state_dir, service.name) if s.state_dir else None
     except (ConfigError, AppError, FileNotFoundError) as exc:  # a setting, the app, or this client's data missing
         log.critical("%s", exc)
         raise SystemExit(2) from None
@@ -189,8 +197,19 @@ def main(argv: list[str] | None = None) -> None:
         port = 0
     try:
         serve_forever(
-            service, s.broker, metrics.transport.registry, metrics.transport, port, metrics.observe, stop=stop
+            service,
+            s.broker,
+            metrics.transport.registry,
+            metrics.transport,
+            port,
+            metrics.observe,
+            stop=stop,
+            persist=store is not None,
+            store=store,
         )
+    except (CheckpointError, StateError) as exc:  # a state folder another version of the client wrote
+        log.critical("client %d: %s; move the folder away to start without it", s.client.client, exc)
+        raise SystemExit(3) from None
     except BrokerRefused as exc:
         # Wrong credentials or a revoked client: reconnecting will not help.
         log.critical("client %d: %s", s.client.client, exc)

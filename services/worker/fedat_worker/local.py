@@ -23,7 +23,7 @@ def start_weights(
     initial: list[np.ndarray],
     shapes: list[tuple[int, ...]],
     model: str = "the model's",
-    kept: Mapping[int, list[np.ndarray]] | None = None,
+    kept: Mapping[int, Sequence[np.ndarray]] | None = None,
 ) -> list[np.ndarray]:
     """The weights a task starts from: its decoded model (against the version it names, from `kept`, the global
     models this receiver keeps by version), or `initial` for a profiling task (no layers)."""

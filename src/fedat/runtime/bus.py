@@ -183,6 +183,8 @@ class BrokerStore:
         self.service = service
         self.queue = topology.state_queue(service)
         self.journal = topology.journal_queue(service)
+        self.where = self.queue  # named in a refusal of its checkpoint
+        self.groups = True  # a confirmed write is worth sharing among the transitions of one dispatch
         self.written = 0  # bytes of the checkpoints saved through this store
 
     def load(self, channel) -> Checkpoint | None:
@@ -245,11 +247,13 @@ class Runner:
         persist: bool,
         observe: Callable[[Observation], None] | None = None,
         fingerprint: Mapping[str, str] | None = None,
+        store: Any = None,
     ):
         self.service, self.cfg, self.metrics, self.clock = service, cfg, metrics, clock
         self.observe = observe
         self.codec = getattr(service, "codec", None)
-        self.store = BrokerStore(service.name) if persist and self.codec is not None else None
+        # the broker's state queues unless the process keeps its checkpoints elsewhere (a client's own folder)
+        self.store = None if self.codec is None or not persist else store or BrokerStore(service.name)
         self.state: Any = service.initial()
         self.saved: Any = self.state  # the state of the latest checkpoint (the state may run ahead of it in a group)
         self.seq = 0
@@ -295,7 +299,7 @@ class Runner:
                 written[fingerprint_mod.STATE_VERSION] = str(version)
         diffs = fingerprint_mod.differences(written, self.fingerprint)
         if diffs:
-            where = f"{topology.state_queue(self.service.name)} (checkpoint {saved.seq})"
+            where = f"{self.store.where} (checkpoint {saved.seq})"
             raise CheckpointMismatch(fingerprint_mod.refusal(self.service.name, where, diffs))
 
     def save(self, channel, state: Any, sent: tuple[Sent, ...]) -> None:
@@ -330,8 +334,9 @@ class Session:
     """One connection's worth of running a service: its unacked deliveries and timers belong to the connection.
 
     With `group`, transitions are committed together at `flush` (the caller's loop flushes after each dispatch of
-    events); without, each is committed as it is handled. Only a service that saves checkpoints groups: that is what
-    a group saves, one confirmed write for many transitions, and a worker's first answer must not wait for its next.
+    events); without, each is committed as it is handled. Only a service that saves checkpoints in the broker
+    groups: that is what a group saves, one confirmed write for many transitions, and a worker's or a client's first
+    answer must not wait for its next.
     """
 
     def __init__(self, conn, channel, runner: Runner, group: bool = False):
@@ -341,7 +346,7 @@ class Session:
         self.unacked: dict[int, tuple] = {}  # raw deliveries by tag, so a held one can be dead-lettered byte for byte
         self.held: dict[int, Held] = {}  # what handlers see of the deliveries they hold
         self.held_view = MappingProxyType(self.held)  # read-only and live: no copy per message
-        self.group = group and runner.store is not None
+        self.group = group and runner.store is not None and runner.store.groups
         self.staged: list[Staged] = []
         self.staged_bytes = 0
 
@@ -544,18 +549,20 @@ def run_service(
     persist: bool = True,
     observe: Callable[[Observation], None] | None = None,
     fingerprint: Mapping[str, str] | None = None,
+    store: Any = None,
 ) -> None:
     """Run `service` until `stop` is set, rebuilding the connection on any loss with capped exponential backoff.
 
-    With `persist` (and a service that has a state codec), every state change is checkpointed in the broker and
-    every (re)connect restores the latest checkpoint, so a killed process resumes where it stopped; a checkpoint
+    With `persist` (and a service that has a state codec), every state change is checkpointed, in the broker or in
+    `store` (a `FileStore`) if given, and every (re)connect restores the latest checkpoint, so a killed process
+    resumes where it stopped; a checkpoint
     whose fingerprint differs from `fingerprint` (what this process's state is valid for) raises
     CheckpointMismatch instead. `observe` receives the transitions' observations (the process's metrics).
 
     The liveness stamp (`metrics.loop`) turns while connected and while reconnecting: a broker outage of any
     length leaves /healthz passing and only /readyz failing.
     """
-    runner = Runner(service, cfg, metrics, clock, persist, observe, fingerprint)
+    runner = Runner(service, cfg, metrics, clock, persist, observe, fingerprint, store)
     backoff = 0.5
     while not stop.is_set():
         conn = None

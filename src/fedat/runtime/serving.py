@@ -63,8 +63,11 @@ def serve_forever(
     observe: Callable[[Observation], None] | None = None,
     wait_for: tuple[str, int] | None = None,
     stop: threading.Event | None = None,
+    persist: bool = True,
+    store: Any = None,
 ) -> None:
-    """Expose metrics, then run the service against the broker until signalled (restoring its saved state).
+    """Expose metrics, then run the service against the broker until signalled (restoring its saved state, from
+    the broker or from `store`, a `FileStore`, if given; none without `persist`).
 
     `wait_for` = (queue, n): first wait until n consumers serve that queue (the profiler waits for a worker).
     `stop`: the event `stop_on_signals` gave, when the service's own parts must see it too (the worker's trainer).
@@ -78,7 +81,7 @@ def serve_forever(
     if wait_for is not None and not wait_for_consumers(broker, *wait_for, stop):
         return
     try:
-        run_service(service, broker, transport, stop, observe=observe, fingerprint=fp)
+        run_service(service, broker, transport, stop, persist=persist, observe=observe, fingerprint=fp, store=store)
     except CheckpointMismatch as exc:
         # Not a crash to retry: the same checkpoint will not fit the next start either. Say why, once, and stop.
         log.critical("%s", exc)
