@@ -196,10 +196,17 @@ def test_the_env_file_is_the_clients_identity_and_the_flags_win(tmp_path):
     assert got["FEDAT_APP"] == f"{APPS}:good"
     assert args.delay == 2.0
     # it keeps its state beside its identity unless told otherwise; empty: nowhere
-    assert got["FEDAT_STATE_DIR"] == str(folder / "state")
-    assert client_main.settings(env(FEDAT_STATE_DIR=got["FEDAT_STATE_DIR"])).state_dir == str(folder / "state")
-    assert client_main.settings(env(FEDAT_STATE_DIR="")).state_dir == ""
-    assert client_main.settings(env()).state_dir == ""  # no enrollment folder, no default
+    unset = client_main.settings(env())
+    assert client_main.state_store(unset, str(folder / "client.env")).folder == folder / "state"
+    assert client_main.state_store(unset, None) is None  # no enrollment folder, no default
+    assert client_main.state_store(client_main.settings(env(FEDAT_STATE_DIR="")), str(folder / "client.env")) is None
+    named = client_main.settings(env(FEDAT_STATE_DIR=str(tmp_path / "kept")))
+    assert client_main.state_store(named, str(folder / "client.env")).folder == tmp_path / "kept"
+    # a folder it cannot write: named, it is refused; by default (a read-only enrollment mount), it goes without
+    (tmp_path / "ro").write_text("")
+    with pytest.raises(ConfigError, match="state folder .*ro/state: cannot create it"):
+        client_main.state_store(client_main.settings(env(FEDAT_STATE_DIR=str(tmp_path / "ro" / "state"))), None)
+    assert client_main.state_store(unset, str(tmp_path / "ro" / "client.env")) is None
     (folder / "bad.env").write_text("FEDAT_CLIENT_ID 3\n")
     with pytest.raises(ConfigError, match=r"bad.env:1: expected NAME=value"):
         client_main.read_env_file(folder / "bad.env")

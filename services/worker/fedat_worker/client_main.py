@@ -6,7 +6,7 @@ Variables: FEDAT_CLIENT_ID (required), FEDAT_APP (default the built-in app), FED
 FEDAT_KEYRING_FILE (holding this client's own key `client-<k>`), FEDAT_NUM_TIERS, FEDAT_TLS_* for amqps://,
 FEDAT_METRICS_PORT (default 9107; 0 = none), FEDAT_TF_THREADS (default 1), FEDAT_STATE_DIR (where the client keeps
 its state, the task models it decodes the next task against, across restarts; default `state` beside the `--env`
-file, none without one; empty = none), and any FEDAT_* variable the app reads.
+file if that can be written, none without one; empty = none), and any FEDAT_* variable the app reads.
 The `--env` file's variables win over the inherited environment (the file is the client's identity, as enrolled);
 the flags win over both. A relative path in a `*_FILE` variable of the file is taken from the file's folder.
 """
@@ -49,7 +49,7 @@ class Settings:
     context: Context  # what the app is told: this client's id, the seed, the FEDAT_* settings
     threads: int
     metrics_port: int
-    state_dir: str  # where its state is saved across restarts; "" = nowhere
+    state_dir: str | None  # FEDAT_STATE_DIR: where its state is saved across restarts; "" = nowhere, None = unset
 
 
 def read_env_file(path: str | os.PathLike) -> dict[str, str]:
@@ -80,7 +80,6 @@ def environment(args: argparse.Namespace, inherited: Mapping[str, str]) -> dict[
     env = dict(inherited)
     if args.env:
         env.update(read_env_file(args.env))
-        env.setdefault(STATE_DIR, str(Path(args.env).parent / "state"))  # the enrollment folder is the client's own
     if args.app:
         env["FEDAT_APP"] = args.app
     return env
@@ -113,7 +112,7 @@ def settings(env: Mapping[str, str], delay: float = 0.0) -> Settings:
         context=ctx,
         threads=config.get_int(env, "FEDAT_TF_THREADS", 1),
         metrics_port=config.get_int(env, "FEDAT_METRICS_PORT", METRICS_PORT),
-        state_dir=env.get(STATE_DIR, "").strip(),
+        state_dir=env[STATE_DIR].strip() if STATE_DIR in env else None,
     )
 
 
@@ -131,6 +130,20 @@ def build(s: Settings, stopping):
     c = s.client
     log.info("client %d: app %s, %d training and %d test samples", c.client, c.app, data.n_train, len(data.y_test))
     return Client(c, data, trainer, weight_names(model), [w.copy() for w in model.get_weights()], time.time)
+
+
+def state_store(s: Settings, env_file: str | None) -> FileStore | None:
+    """Where the client keeps its state: FEDAT_STATE_DIR (ConfigError if it cannot be written), else `state` beside
+    its env file if it can be written there (an enrollment folder mounted read-only cannot: then nowhere, said)."""
+    if s.state_dir is not None:
+        return FileStore(s.state_dir, "client") if s.state_dir else None
+    if env_file is None:
+        return None
+    try:
+        return FileStore(Path(env_file).parent / "state", "client")
+    except ConfigError as exc:
+        log.warning("%s; keeping no state: a restart forgets its task models (set FEDAT_STATE_DIR)", exc)
+        return None
 
 
 def port_free(port: int) -> bool:
@@ -182,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
         s = settings(environment(args, os.environ), args.delay)
         stop = stop_on_signals()
         service = build(s, stop.is_set)
-        store = FileStore(s.state_dir, service.name) if s.state_dir else None
+        store = state_store(s, args.env)
     except (ConfigError, AppError, FileNotFoundError) as exc:  # a setting, the app, or this client's data missing
         log.critical("%s", exc)
         raise SystemExit(2) from None

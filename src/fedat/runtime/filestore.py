@@ -31,6 +31,8 @@ class FileStore:
             (self.folder / JOURNAL).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ConfigError(f"state folder {self.folder}: cannot create it ({exc.strerror})") from None
+        if not all(os.access(d, os.W_OK) for d in (self.folder, self.folder / JOURNAL)):  # e.g. a read-only mount
+            raise ConfigError(f"state folder {self.folder}: cannot write to it")
 
     def load(self, channel=None) -> Checkpoint | None:
         """The latest checkpoint with every stored array its state refers to; None if none was saved here."""
