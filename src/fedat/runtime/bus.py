@@ -32,7 +32,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 import pika
 import pika.exceptions as pe
@@ -175,6 +175,20 @@ def close_quietly(conn: pika.BlockingConnection | None) -> None:
             pass
 
 
+class Store(Protocol):
+    """Where a durable service's checkpoints live: the broker (`BrokerStore`) or a folder (`filestore.FileStore`)."""
+
+    where: str  # named in a refusal of its checkpoint
+    groups: bool  # whether transitions are worth committing together behind one write
+    written: int  # bytes of the checkpoints saved through it
+
+    def restore(self, channel) -> journal.Restored | None: ...
+
+    def save(self, channel, c: Checkpoint) -> None: ...
+
+    def purge(self, channel) -> None: ...
+
+
 class BrokerStore:
     """A service's checkpoints on the broker: the latest snapshot in its single-message quorum queue
     `fedat.state.<service>`, the journal entries since in `fedat.state.<service>.journal` (`fedat.protocol.journal`)."""
@@ -247,7 +261,7 @@ class Runner:
         persist: bool,
         observe: Callable[[Observation], None] | None = None,
         fingerprint: Mapping[str, str] | None = None,
-        store: Any = None,
+        store: Store | None = None,
     ):
         self.service, self.cfg, self.metrics, self.clock = service, cfg, metrics, clock
         self.observe = observe
@@ -549,7 +563,7 @@ def run_service(
     persist: bool = True,
     observe: Callable[[Observation], None] | None = None,
     fingerprint: Mapping[str, str] | None = None,
-    store: Any = None,
+    store: Store | None = None,
 ) -> None:
     """Run `service` until `stop` is set, rebuilding the connection on any loss with capped exponential backoff.
 

@@ -16,7 +16,7 @@ from fedat.fl import strategies
 from fedat.protocol import fingerprint
 from fedat.protocol.service import Observation, Service
 from fedat.runtime import config
-from fedat.runtime.bus import BrokerConfig, run_service, wait_for_consumers
+from fedat.runtime.bus import BrokerConfig, Store, run_service, wait_for_consumers
 from fedat.runtime.metrics import LIVENESS_SECONDS, TransportMetrics, serve
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ def serve_forever(
     wait_for: tuple[str, int] | None = None,
     stop: threading.Event | None = None,
     persist: bool = True,
-    store: Any = None,
+    store: Store | None = None,
 ) -> None:
     """Expose metrics, then run the service against the broker until signalled (restoring its saved state, from
     the broker or from `store`, a `FileStore`, if given; none without `persist`).
