@@ -280,7 +280,7 @@ def test_a_restarted_client_decodes_a_task_against_the_version_it_kept_from_its_
     assert out.message.base_version == 9
 
 
-def filestore_runner(service, folder):
+def filestore_runner(service, folder, fp=None):
     """A client process whose state lives in `folder`, restored from it."""
     from prometheus_client import CollectorRegistry
 
@@ -289,6 +289,30 @@ def filestore_runner(service, folder):
     from fedat.runtime.metrics import transport_metrics
 
     metrics = transport_metrics(CollectorRegistry(), "client")
-    r = bus.Runner(service, bus.BrokerConfig(), metrics, lambda: 0.0, True, store=FileStore(folder, "client"))
+    r = bus.Runner(service, bus.BrokerConfig(), metrics, lambda: 0.0, True, None, fp, FileStore(folder, "client"))
     r.restore(None)
     return r
+
+
+def test_a_state_folder_of_another_federation_or_unreadable_is_moved_aside_never_refused(c1, tmp_path):
+    s = client_main.settings(env(FEDAT_AMQP_URL="amqp://u:p@broker.example:5671/fed-a"))
+    fp = client_main.state_fingerprint(s, c1.codec.version)
+    assert fp["federation"] == "broker.example:5671/fed-a" and fp["client"] == "1"
+    d = Driver(c1)
+    d.deliver(topology.client_queue(1), task(c1, layers=encode_model(c1.initial_weights, c1.names, "raw")))
+    folder = tmp_path / "state"
+    saver = filestore_runner(c1, folder, fp)
+    saver.save(None, d.state, ())
+    # the same client of the same federation: kept
+    kept = client_main.usable_store(client_main.FileStore(folder, "client"), fp, c1.codec)
+    assert kept.load().seq == saver.seq and not list(tmp_path.glob("state.set-aside-*"))
+    # the same folder in a new federation (a new vhost numbers its versions anew): moved aside, a fresh start
+    other = client_main.state_fingerprint(
+        client_main.settings(env(FEDAT_AMQP_URL="amqp://u:p@broker.example:5671/fed-b")), c1.codec.version
+    )
+    fresh = client_main.usable_store(client_main.FileStore(folder, "client"), other, c1.codec)
+    assert fresh.load() is None and (tmp_path / "state.set-aside-1" / "snapshot").exists()
+    # unreadable (a state of another shape, or garbage): moved aside too
+    (folder / "snapshot").write_bytes(b"garbage")
+    again = client_main.usable_store(client_main.FileStore(folder, "client"), fp, c1.codec)
+    assert again.load() is None and (tmp_path / "state.set-aside-2").exists()

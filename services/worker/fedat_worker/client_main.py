@@ -22,8 +22,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import pika
+
 from fedat.errors import AppError, BrokerRefused, CheckpointError, ConfigError, StateError
-from fedat.protocol import ids, topology
+from fedat.protocol import fingerprint, ids, topology
 from fedat.protocol.service import Outgoing
 from fedat.protocol.wire import Leave
 from fedat.runtime import config
@@ -146,6 +148,36 @@ def state_store(s: Settings, env_file: str | None) -> FileStore | None:
         return None
 
 
+def state_fingerprint(s: Settings, state_version: int) -> dict[str, str]:
+    """What a client's saved state is valid for: this client of this federation (its broker and vhost), this
+    state's shape. A new federation is a new vhost: the versions it numbers are not the last one's."""
+    p = pika.URLParameters(s.broker.url)
+    federation = f"{p.host}:{p.port}/{p.virtual_host}"
+    return {fingerprint.STATE_VERSION: str(state_version), "federation": federation, "client": str(s.client.client)}
+
+
+def usable_store(store: FileStore, fp: Mapping[str, str], codec) -> FileStore:
+    """`store`, or a fresh one in its place if what it holds cannot be read or was written for another federation,
+    client or state shape: the old folder is moved aside (said), since a client's state is only its own cache."""
+    try:
+        saved = store.load()
+        if saved is None:
+            return store
+        diffs = fingerprint.differences(saved.fingerprint, fp)
+        if not diffs:
+            codec.decode(saved.state, saved.models)
+            return store
+        why = f"written for another client, federation or version ({'; '.join(diffs)})"
+    except (CheckpointError, StateError) as exc:
+        why = f"unreadable ({exc})"
+    aside = next(
+        p for n in range(1, 10_000) if not (p := store.folder.with_name(f"{store.folder.name}.set-aside-{n}")).exists()
+    )
+    store.folder.rename(aside)
+    log.warning("%s: %s; moved to %s, starting without it", store.where, why, aside)
+    return FileStore(store.folder, store.service)
+
+
 def port_free(port: int) -> bool:
     """Whether this host's `port` can still be bound (several clients on one machine share the default)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -196,6 +228,8 @@ def main(argv: list[str] | None = None) -> None:
         stop = stop_on_signals()
         service = build(s, stop.is_set)
         store = state_store(s, args.env)
+        fp = state_fingerprint(s, service.codec.version)
+        store = usable_store(store, fp, service.codec) if store is not None else None
     except (ConfigError, AppError, FileNotFoundError) as exc:  # a setting, the app, or this client's data missing
         log.critical("%s", exc)
         raise SystemExit(2) from None
@@ -219,10 +253,8 @@ def main(argv: list[str] | None = None) -> None:
             stop=stop,
             persist=store is not None,
             store=store,
+            fingerprint=fp,
         )
-    except (CheckpointError, StateError) as exc:  # a state folder another version of the client wrote
-        log.critical("client %d: %s; move the folder away to start without it", s.client.client, exc)
-        raise SystemExit(3) from None
     except BrokerRefused as exc:
         # Wrong credentials or a revoked client: reconnecting will not help.
         log.critical("client %d: %s", s.client.client, exc)

@@ -65,16 +65,18 @@ def serve_forever(
     stop: threading.Event | None = None,
     persist: bool = True,
     store: Store | None = None,
+    fingerprint: Mapping[str, str] | None = None,
 ) -> None:
     """Expose metrics, then run the service against the broker until signalled (restoring its saved state, from
     the broker or from `store`, a `FileStore`, if given; none without `persist`).
 
     `wait_for` = (queue, n): first wait until n consumers serve that queue (the profiler waits for a worker).
     `stop`: the event `stop_on_signals` gave, when the service's own parts must see it too (the worker's trainer).
+    `fingerprint`: what its checkpoints are valid for, if not the run its FEDAT_* settings name (a client's own).
     """
     env = os.environ
     codec = getattr(service, "codec", None)
-    fp = fingerprint_of(codec.version, env) if codec is not None else None
+    fp = fingerprint if fingerprint is not None else fingerprint_of(codec.version, env) if codec is not None else None
     liveness = config.get_float(env, "FEDAT_LIVENESS_SECONDS", LIVENESS_SECONDS)
     serve(registry, metrics_port, transport, liveness, fp)
     stop = stop if stop is not None else stop_on_signals()
