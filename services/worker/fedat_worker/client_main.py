@@ -173,7 +173,10 @@ def usable_store(store: FileStore, fp: Mapping[str, str], codec) -> FileStore:
     aside = next(
         p for n in range(1, 10_000) if not (p := store.folder.with_name(f"{store.folder.name}.set-aside-{n}")).exists()
     )
-    store.folder.rename(aside)
+    try:
+        store.folder.rename(aside)
+    except OSError as exc:
+        raise ConfigError(f"{store.where}: {why}, and it cannot be moved aside ({exc.strerror})") from None
     log.warning("%s: %s; moved to %s, starting without it", store.where, why, aside)
     return FileStore(store.folder, store.service)
 

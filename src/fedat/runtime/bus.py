@@ -569,9 +569,9 @@ def run_service(
 
     With `persist` (and a service that has a state codec), every state change is checkpointed, in the broker or in
     `store` (a `FileStore`) if given, and every (re)connect restores the latest checkpoint, so a killed process
-    resumes where it stopped; a checkpoint
-    whose fingerprint differs from `fingerprint` (what this process's state is valid for) raises
-    CheckpointMismatch instead. `observe` receives the transitions' observations (the process's metrics).
+    resumes where it stopped; a checkpoint whose fingerprint differs from `fingerprint` (what this process's state
+    is valid for) raises CheckpointMismatch instead. `observe` receives the transitions' observations (the
+    process's metrics).
 
     The liveness stamp (`metrics.loop`) turns while connected and while reconnecting: a broker outage of any
     length leaves /healthz passing and only /readyz failing.
