@@ -14,8 +14,11 @@ from fedat.lab.compare_run import load_comparison
 ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS = sorted((ROOT / "experiments").glob("*.yaml"))
 # Set by `fedat run` itself for each process, so not an experiment setting.
-# `client_id`: each real client its own (its enrollment folder's client.env).
-PER_PROCESS = {"amqp_url", "metrics_port", "tiers", "profile_queue", "declare_topology", "keyring_file", "client_id"}
+# `client_id`, `state_dir`: each real client its own (its enrollment folder's client.env, the folder it keeps its
+# state in).
+PER_PROCESS = {
+    "amqp_url", "metrics_port", "tiers", "profile_queue", "declare_topology", "keyring_file", "client_id", "state_dir"
+}  # fmt: skip
 # The deployment's, not the experiment's: where the broker and its management API are, credentials, keys, TLS.
 DEPLOYMENT = {
     "admin_password",
