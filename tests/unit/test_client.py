@@ -31,6 +31,7 @@ from fedat_worker.client import answer_timer  # noqa: E402
 from fedat_worker.tuned import Overrides, Tuned, overrides_of  # noqa: E402
 
 from ..driver import Driver  # noqa: E402
+from .test_filestore import runner  # noqa: E402
 
 pytestmark = pytest.mark.tf
 APPS = "tests.unit.client_apps"
@@ -266,7 +267,7 @@ def test_a_restarted_client_decodes_a_task_against_the_version_it_kept_from_its_
     g7 = encode_model(w7, c1.names, "polyline")
     d = Driver(c1)
     d.deliver(topology.client_queue(1), task(c1, layers=g7))  # version 7, sent whole
-    before = filestore_runner(c1, tmp_path)
+    before = runner(c1, tmp_path)
     before.save(None, d.state, ())  # what `run_service` writes ahead of the answer; the process is then killed
     g9 = encode_model([(w + 0.001).astype(np.float32) for w in w7], c1.names, "polyline")
     t9 = replace(task(c1, layers=encode_against(g9, decode_model(g9), decode_model(g7))), id="t2-r4-c1-v9",
@@ -274,24 +275,10 @@ def test_a_restarted_client_decodes_a_task_against_the_version_it_kept_from_its_
     with pytest.raises(Reject, match="does not keep"):
         Driver(c1).deliver(topology.client_queue(1), t9)  # restarted without its folder
     restarted = Driver(c1)
-    restarted.state = filestore_runner(c1, tmp_path).state
+    restarted.state = runner(c1, tmp_path).state
     assert [w.tobytes() for w in restarted.state.models[7]] == [w.tobytes() for w in decode_model(g7)]
     (out,) = restarted.deliver(topology.client_queue(1), t9).publish
     assert out.message.base_version == 9
-
-
-def filestore_runner(service, folder, fp=None):
-    """A client process whose state lives in `folder`, restored from it."""
-    from prometheus_client import CollectorRegistry
-
-    from fedat.runtime import bus
-    from fedat.runtime.filestore import FileStore
-    from fedat.runtime.metrics import transport_metrics
-
-    metrics = transport_metrics(CollectorRegistry(), "client")
-    r = bus.Runner(service, bus.BrokerConfig(), metrics, lambda: 0.0, True, None, fp, FileStore(folder, "client"))
-    r.restore(None)
-    return r
 
 
 def test_a_state_folder_of_another_federation_or_unreadable_is_moved_aside_never_refused(c1, tmp_path):
@@ -301,7 +288,7 @@ def test_a_state_folder_of_another_federation_or_unreadable_is_moved_aside_never
     d = Driver(c1)
     d.deliver(topology.client_queue(1), task(c1, layers=encode_model(c1.initial_weights, c1.names, "raw")))
     folder = tmp_path / "state"
-    saver = filestore_runner(c1, folder, fp)
+    saver = runner(c1, folder, fp)
     saver.save(None, d.state, ())
     # the same client of the same federation: kept
     kept = client_main.usable_store(client_main.FileStore(folder, "client"), fp, c1.codec)

@@ -19,10 +19,11 @@ from fedat_aggregator.aggregator import Aggregator, AggregatorConfig
 from .test_journal import NAMES, SHAPES, _same
 
 
-def runner(service, folder) -> bus.Runner:
-    """A process of `service` whose checkpoints live in `folder`, restored from it."""
+def runner(service, folder, fp=None) -> bus.Runner:
+    """A process of `service` whose checkpoints (valid for `fp`) live in `folder`, restored from it."""
     metrics = transport_metrics(CollectorRegistry(), service.name)
-    r = bus.Runner(service, bus.BrokerConfig(), metrics, lambda: 0.0, True, store=FileStore(folder, service.name))
+    store = FileStore(folder, service.name)
+    r = bus.Runner(service, bus.BrokerConfig(), metrics, lambda: 0.0, True, fingerprint=fp, store=store)
     r.restore(None)  # the outboxes below are empty: a restore has nothing to publish again
     return r
 
