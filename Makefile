@@ -98,7 +98,7 @@ provision: setup broker
 	$(PY) -m fedat.cli provision $(ARGS)
 
 lint: setup
-	$(VENV)/bin/lint-imports --config .importlinter
+	$(VENV)/bin/lint-imports .importlinter
 	$(VENV)/bin/ruff check src services tests bench
 	$(VENV)/bin/yamllint -c infra/helm/fedat/.yamllint infra/helm
 
