@@ -14,6 +14,8 @@ from fedat.deploy.experiment import Experiment, load_experiment
 from fedat.lab import plan as pl
 from fedat.lab.plan import Plan, Refusal, Trial
 
+# One worker for the module: its tests share the demand model's trials (`trials`), measured once per worker.
+pytestmark = pytest.mark.xdist_group("plan")
 ROOT = Path(__file__).resolve().parents[2]
 FMNIST2 = load_experiment(ROOT / "experiments" / "fmnist2-fedat.yaml")
 
