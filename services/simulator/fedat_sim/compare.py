@@ -137,6 +137,70 @@ def reuse(path: Path, summaries: Path, method: str, seed: int, minutes: float) -
     return rec
 
 
+def _pending(
+    path: Path,
+    summaries: Path,
+    seeds: tuple[int, ...] | None,
+    virtual_minutes: float | None,
+    methods_only: tuple[str, ...],
+) -> tuple[str, float, list[tuple[str, int]]]:
+    """The comparison's name, the virtual minutes a run gets, and the (method, seed) runs with no record that long."""
+    name, _, _, exps = load_comparison(path)
+    plan = simulation_plan(path)
+    minutes = plan.virtual_minutes if virtual_minutes is None else virtual_minutes
+    methods = [e.name.removeprefix(f"{name}-") for e in exps]
+    if set(methods_only) - set(methods):
+        raise ValueError(f"{path}: no method(s) {sorted(set(methods_only) - set(methods))}; methods: {methods}")
+    chosen = [m for m in methods if not methods_only or m in methods_only]
+    return name, minutes, sweep.pending(chosen, seeds or plan.seeds, plan.single_seed, _done(summaries, name, minutes))
+
+
+def estimate_simulated(
+    path: Path,
+    summaries: Path,
+    seeds: tuple[int, ...] | None = None,
+    jobs: int = 2,
+    virtual_minutes: float | None = None,
+    methods_only: tuple[str, ...] = (),
+) -> str:
+    """What the comparison's missing runs will cost here (`fedat_sim.estimate`), as a Markdown table; runs nothing."""
+    from fedat_sim import estimate
+
+    name, minutes, todo = _pending(path, summaries, seeds, virtual_minutes, methods_only)
+    _, _, _, exps = load_comparison(path)
+    by_method = {e.name.removeprefix(f"{name}-"): e for e in exps}
+    costs: dict[tuple[str, ...], estimate.Costs] = {}
+    rows, total = [], 0.0
+    for m, s in todo:
+        exp = by_method[m]
+        if sweep.same_run(summaries, {**exp.settings, "seed": s}, minutes) is not None:
+            rows.append(f"| {m} | {s} | the same run as another comparison's record | | | none |")
+            continue
+        workload = estimate.workload_key(exp)
+        if workload not in costs:
+            costs[workload] = estimate.probe(exp)
+        c = costs[workload]
+        sched = estimate.schedule(exp, s, minutes, c.step)
+        cpu = estimate.cpu_seconds(sched, c)
+        total += cpu
+        rows.append(f"| {m} | {s} | {sched.trainings:,} | {sched.steps:,} | {sched.evaluations} | {_duration(cpu)} |")
+        print(f"[fedat compare --simulate --estimate] {m} seed {s}: {_duration(cpu)} of CPU", flush=True)
+    probed = "; ".join(
+        f"a mini-batch step {c.step * 1e3:.2f} ms, an evaluation {c.evaluation:.2f} s" for c in costs.values()
+    )
+    head = (
+        f"{name}: {len(todo)} runs of {minutes:g} virtual min to do on {sweep.this_cpu()}"
+        + (f" (CPU here: {probed})" if probed else "")
+        + "\n\n| method | seed | trainings | mini-batch steps | evaluations | CPU |\n|---|---:|---:|---:|---:|---:|\n"
+    )
+    at_once = max(1, min(jobs, len(todo)))
+    foot = (
+        f"\n| **all** | | | | | **{_duration(total)}** |\n\n{at_once} at a time, each on a core of its own: "
+        f"at least {_duration(total / at_once)} of wall time (the services' own work, a few per cent, is not counted)."
+    )
+    return head + "\n".join(rows) + foot
+
+
 def compare_simulated(
     path: Path,
     results: Path,
@@ -148,14 +212,7 @@ def compare_simulated(
     progress_every: float = PROGRESS_EVERY,
 ) -> str:
     """Run the comparison's missing (method, seed) runs, `jobs` at a time; write and return its tables."""
-    name, _, _, exps = load_comparison(path)
-    plan = simulation_plan(path)
-    minutes = plan.virtual_minutes if virtual_minutes is None else virtual_minutes
-    methods = [e.name.removeprefix(f"{name}-") for e in exps]
-    if set(methods_only) - set(methods):
-        raise ValueError(f"{path}: no method(s) {sorted(set(methods_only) - set(methods))}; methods: {methods}")
-    chosen = [m for m in methods if not methods_only or m in methods_only]
-    todo = sweep.pending(chosen, seeds or plan.seeds, plan.single_seed, _done(summaries, name, minutes))
+    name, minutes, todo = _pending(path, summaries, seeds, virtual_minutes, methods_only)
     for m, s in list(todo):
         if (rec := reuse(path, summaries, m, s, minutes)) is not None:
             todo.remove((m, s))
@@ -235,6 +292,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--results", type=Path, default=Path("results"), help="run folders (not committed)")
     p.add_argument("--summaries", type=Path, default=Path("docs/summaries/sim"), help="one record per run (committed)")
     p.add_argument(
+        "--estimate",
+        action="store_true",
+        help="run nothing: count what each missing run trains and scores, time that here, print the CPU hours",
+    )
+    p.add_argument(
         "--progress-every",
         type=float,
         default=PROGRESS_EVERY,
@@ -245,6 +307,9 @@ def main(argv: list[str] | None = None) -> None:
     seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else None
     only = tuple(m for m in args.methods.split(",") if m)
     try:
+        if args.estimate:
+            print(estimate_simulated(args.comparison, args.summaries, seeds, args.jobs, args.virtual_minutes, only))
+            return
         md = compare_simulated(
             args.comparison,
             args.results,

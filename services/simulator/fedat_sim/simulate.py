@@ -61,6 +61,7 @@ def simulate(
     signed: bool = True,
     stop: Callable[[], bool] | None = None,
     progress: Callable[[float], None] | None = None,
+    plots: bool = True,
 ) -> dict:
     """Run `experiment` for `virtual_minutes` (default: its `minutes`) of virtual time; return its summary.
 
@@ -68,7 +69,7 @@ def simulate(
     clock's tie-breaking. `parts` replaces the experiment's data and model (tests use `fedat_sim.fakes`). If `stop()`
     turns true, the run ends at the next whole STOP_GRAIN of virtual time and its folder is that shorter run's:
     everything up to then happened exactly as in the full run (the simulation is deterministic). `progress` is
-    called with the virtual minutes done after every STOP_GRAIN.
+    called with the virtual minutes done after every STOP_GRAIN. `plots=False` leaves out the figures.
     """
     exp = _experiment(experiment, seed)
     seed = int(exp.settings.get("seed", 0))
@@ -141,6 +142,8 @@ def simulate(
         }
     )
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    if not plots:
+        return summary
     try:
         from fedat.lab.plots import plot_run
 

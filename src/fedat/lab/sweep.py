@@ -60,7 +60,8 @@ def cpu_name(cpuinfo: str) -> str:
     return f"{fields.get('model name', 'unknown')} ({simd})"
 
 
-def _this_cpu() -> str:
+def this_cpu() -> str:
+    """This machine's processor, as `cpu_name` names it."""
     info = Path("/proc/cpuinfo")
     return cpu_name(info.read_text()) if info.exists() else "unknown"
 
@@ -101,7 +102,7 @@ def make_record(run_dir: Path, comparison: str, method: str, order: int = 0, tar
         "seed": int(summary.get("seed", experiment["settings"].get("seed", 0))),
         "virtual_minutes": experiment.get("simulated", {}).get("virtual_minutes", experiment.get("minutes")),
         "settings": experiment["settings"],
-        "cpu": _this_cpu(),
+        "cpu": this_cpu(),
         "summary": {k: summary.get(k) for k in KEPT},
         "mean_tier_weights": [round(w / globals_, 4) for w in wsum] if globals_ else [],
         "curve": curve,
