@@ -15,30 +15,12 @@ from fedat.deploy.experiment import Experiment
 from fedat_sim import estimate
 from fedat_sim.compare import estimate_simulated
 
+from .test_sim_simulate import SMALL
+
 FMNIST = Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
-TINY = {
-    "strategy": "fedat",
-    "dataset": "fashion-mnist",
-    "model": "logreg",
-    "partition": "shards",
-    "classes_per_client": 2,
-    "num_clients": 8,
-    "samples_per_client": 60,
-    "num_tiers": 2,
-    "clients_per_round": 3,
-    "min_clients": 2,
-    "epochs": 2,
-    "batch_size": 10,
-    "time_scale": 1.0,
-    "delays": [0, 1, 5, 10],
-    "device_factor": [1, 2],
-    "step_seconds": 0.2,
-    "eval_every": 0,
-    "eval_interval": 15,
-    "profile_concurrency": 8,
-    "min_deadline": 3,
-    "seed": 0,
-}
+# test_sim_simulate's small experiment on real data: 8 clients of 60 Fashion-MNIST samples, a logistic regression
+TINY = {**SMALL, "dataset": "fashion-mnist", "model": "logreg", "partition": "shards", "classes_per_client": 2}
+TINY.update(samples_per_client=60, epochs=2)
 needs_data = pytest.mark.skipif(not FMNIST.exists(), reason="Fashion-MNIST is installed by `make data`")
 
 
