@@ -294,7 +294,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument(
         "--estimate",
         action="store_true",
-        help="run nothing: count what each missing run trains and scores, time that here, print the CPU hours",
+        help="run nothing: count what each missing run trains and scores, time that here, print the CPU it takes",
     )
     p.add_argument(
         "--progress-every",
