@@ -103,6 +103,27 @@ def through_pipeline(url: str) -> float:
         proc.wait()
 
 
+def _answer(t: TrainTask, tier: int, payload, finished_at: float) -> Update:
+    """A fake client's answer to task `t`: the same CNN-sized update every time, trained in no time."""
+    return Update(
+        id=f"u-{t.id}",
+        task_id=t.id,
+        client=t.client,
+        tier=tier,
+        round=t.round,
+        base_version=t.version,
+        n_samples=480,
+        loss=0.1,
+        dispatched_at=t.sent_at,
+        started_at=t.sent_at,
+        finished_at=finished_at,
+        train_seconds=0.0,
+        not_before=0.0,
+        late=False,
+        layers=payload,
+    )
+
+
 def fake_clients(url: str, payload, tiers: int, stop) -> None:
     """Answer every train task at once with the same CNN-sized update (a separate process)."""
     import pika
@@ -120,23 +141,7 @@ def fake_clients(url: str, payload, tiers: int, stop) -> None:
                 continue
             idle = False
             t = wire.decode(body)
-            u = Update(
-                id=f"u-{t.id}",
-                task_id=t.id,
-                client=t.client,
-                tier=m,
-                round=t.round,
-                base_version=t.version,
-                n_samples=480,
-                loss=0.1,
-                dispatched_at=t.sent_at,
-                started_at=t.sent_at,
-                finished_at=time.time(),
-                train_seconds=0.0,
-                not_before=0.0,
-                late=False,
-                layers=payload,
-            )
+            u = _answer(t, m, payload, time.time())
             ch.basic_publish(topology.RESULTS, topology.tier_key(m), wire.encode(u), mandatory=True)
         if idle:
             time.sleep(0.002)
@@ -208,11 +213,7 @@ def aggregator_side_in_memory(versions: int = 60, tiers: int = 5, per_round: int
     def answer(exchange: str, key: str, body: bytes, props: pika.BasicProperties) -> None:
         if exchange == topology.TRAIN and props.type == TrainTask.kind:
             t = wire.decode(body)  # a client decodes its task, as fake_clients does
-            u = Update(
-                id=f"u-{t.id}", task_id=t.id, client=t.client, tier=t.tier, round=t.round, base_version=t.version,
-                n_samples=480, loss=0.1, dispatched_at=t.sent_at, started_at=t.sent_at, finished_at=clock.now,
-                train_seconds=0.0, not_before=0.0, late=False, layers=payload,
-            )  # fmt: skip
+            u = _answer(t, t.tier, payload, clock.now)
             reply = (topology.RESULTS, topology.tier_key(t.tier), wire.encode(u), properties("update", u.id))
             clock.after(0.001, lambda: broker.publish(*reply))
         elif exchange == topology.GLOBAL and props.type == "global-model":

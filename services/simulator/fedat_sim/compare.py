@@ -21,6 +21,7 @@ from multiprocessing import get_context
 from multiprocessing.synchronize import Event
 from pathlib import Path
 
+from fedat.deploy.experiment import Experiment
 from fedat.lab import sweep
 from fedat.lab.compare_run import load_comparison, simulation_plan
 
@@ -143,8 +144,9 @@ def _pending(
     seeds: tuple[int, ...] | None,
     virtual_minutes: float | None,
     methods_only: tuple[str, ...],
-) -> tuple[str, float, list[tuple[str, int]]]:
-    """The comparison's name, the virtual minutes a run gets, and the (method, seed) runs with no record that long."""
+) -> tuple[str, float, list[tuple[str, int]], dict[str, Experiment]]:
+    """The comparison's name, the virtual minutes a run gets, the (method, seed) runs with no record that long, and
+    each method's experiment."""
     name, _, _, exps = load_comparison(path)
     plan = simulation_plan(path)
     minutes = plan.virtual_minutes if virtual_minutes is None else virtual_minutes
@@ -152,7 +154,8 @@ def _pending(
     if set(methods_only) - set(methods):
         raise ValueError(f"{path}: no method(s) {sorted(set(methods_only) - set(methods))}; methods: {methods}")
     chosen = [m for m in methods if not methods_only or m in methods_only]
-    return name, minutes, sweep.pending(chosen, seeds or plan.seeds, plan.single_seed, _done(summaries, name, minutes))
+    todo = sweep.pending(chosen, seeds or plan.seeds, plan.single_seed, _done(summaries, name, minutes))
+    return name, minutes, todo, dict(zip(methods, exps, strict=True))
 
 
 def estimate_simulated(
@@ -166,9 +169,7 @@ def estimate_simulated(
     """What the comparison's missing runs will cost here (`fedat_sim.estimate`), as a Markdown table; runs nothing."""
     from fedat_sim import estimate
 
-    name, minutes, todo = _pending(path, summaries, seeds, virtual_minutes, methods_only)
-    _, _, _, exps = load_comparison(path)
-    by_method = {e.name.removeprefix(f"{name}-"): e for e in exps}
+    name, minutes, todo, by_method = _pending(path, summaries, seeds, virtual_minutes, methods_only)
     costs: dict[tuple[str, ...], estimate.Costs] = {}
     rows, total = [], 0.0
     for m, s in todo:
@@ -212,7 +213,7 @@ def compare_simulated(
     progress_every: float = PROGRESS_EVERY,
 ) -> str:
     """Run the comparison's missing (method, seed) runs, `jobs` at a time; write and return its tables."""
-    name, minutes, todo = _pending(path, summaries, seeds, virtual_minutes, methods_only)
+    name, minutes, todo, _ = _pending(path, summaries, seeds, virtual_minutes, methods_only)
     for m, s in list(todo):
         if (rec := reuse(path, summaries, m, s, minutes)) is not None:
             todo.remove((m, s))
