@@ -37,6 +37,13 @@ def test_a_change_is_due_only_in_the_early_part_of_the_budget_and_at_most_twice(
     assert p.due(300, 200, 400, now) is None  # two changes at most
 
 
+def test_no_change_is_due_when_the_workers_would_restart_too_late_to_follow_it():
+    p = pc.Pace(0.1, 600.0, 0.9, since=sample(0, 0, 0), restart_seconds=100.0)
+    now = sample(100, 15, 50)
+    assert p.due(260, 40, 100, now) is not None  # running again at 360 s: 60 % of the budget
+    assert p.due(261, 40, 100, now) is None  # not before 361 s: too little of the run would follow the new scale
+
+
 class FakeSupervisor:
     """Records what restart_workers asks of a supervisor."""
 

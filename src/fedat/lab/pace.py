@@ -18,7 +18,8 @@ from fedat.lab.plan import clock
 from fedat.lab.progress import late_share
 from fedat.lab.utilisation import Sample
 
-CHANGE_UNTIL = 0.6  # no change after this share of the budget: too little of the run would follow the new scale
+CHANGE_UNTIL = 0.6  # the workers run with a new scale by this share of the budget, or it is not changed: too little of
+# the run would follow it (and the workers' utilisation, measured from the change on, would cover seconds)
 MAX_CHANGES = 2
 RECONNECT_SECONDS = 180.0  # a worker restarting (TensorFlow's start) on a busy machine
 
@@ -33,11 +34,14 @@ class Pace:
     late: int = 0  # the run's late and total updates when the scale was last changed
     updates: int = 0
     since: Sample | None = None  # the workers' CPU and training seconds then (or at the first global version)
+    restart_seconds: float = 0.0  # how long restarting the workers takes: their launch, then the last restart
     changes: list[dict] = field(default_factory=list)
 
     def due(self, elapsed: float, late: int, updates: int, now: Sample | None) -> tuple[float, str] | None:
         """(the new time scale, why) if the workers fell behind and the run may still change its scale."""
-        if len(self.changes) >= MAX_CHANGES or not plan.EARLY_SHARE <= elapsed / self.budget <= CHANGE_UNTIL:
+        if len(self.changes) >= MAX_CHANGES or not plan.EARLY_SHARE <= elapsed / self.budget:
+            return None
+        if elapsed + self.restart_seconds > CHANGE_UNTIL * self.budget:
             return None
         run_share = cpu_per_training_second(self.since, now)
         new = plan.slower_time_scale(

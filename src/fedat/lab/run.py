@@ -128,7 +128,10 @@ def run(
 
         # The seed job starts first: its cold TensorFlow start (~10 s) then overlaps the services' start-up instead of
         # delaying the first round past the end of a short profiling pass.
+        launching = time.time()
         launch(sup, vhost, names, ports, before)
+        if pace is not None:  # the first estimate of what a restart of the workers costs (with TensorFlow's start)
+            pace.restart_seconds = time.time() - launching
         (out / "services.json").write_text(json.dumps(sup.table(ports), indent=2))
         t0 = time.time()
         budget = minutes * 60
@@ -162,7 +165,9 @@ def run(
                     flush=True,
                 )
                 workers = [n for n in names if n.startswith("worker-")]
+                restarting = time.time()
                 restart_workers(sup, ports, workers, new)
+                pace.restart_seconds = time.time() - restarting
                 pace.changes.append({"at_seconds": round(elapsed, 1), "from": pace.time_scale, "to": new, "why": why})
                 with state.lock:  # counted from the restarted workers on: the restart itself is no measure of them
                     pace.time_scale, pace.late, pace.updates = new, state.late, state.updates
