@@ -122,6 +122,29 @@ def test_a_tuned_comparator_is_the_learning_rate_with_the_highest_mean_best_accu
     assert cl.judge(tuned, records(*recs[:6])).verdict == cl.PENDING  # a learning rate not run yet
 
 
+def test_a_row_at_the_tuned_rate_reads_every_methods_runs_at_the_rate_fedavg_ranks_first():
+    at_rate = cl.Claim(
+        "x9", "a beats b and FedAvg at the tuned rate", "—", "cmp", "a", ("b", "fedavg"), at_tuned_rate=True
+    )
+    sweep = [flat("fedavg-lr3e-4", 0, 0.6), flat("fedavg", 0, 0.7)]
+    assert cl.judge(at_rate, records(*sweep)).missing == ["fedavg-lr3e-3"]  # pending until the sweep is complete
+    at_1e3 = [flat("a", 0, 0.8), flat("b", 0, 0.75)]
+    at_3e3 = [flat("a-lr3e-3", 0, 0.7), flat("b-lr3e-3", 0, 0.9)]
+    judged = cl.judge(at_rate, records(*sweep, flat("fedavg-lr3e-3", 0, 0.65), *at_1e3, *at_3e3))
+    assert judged.chosen == "fedavg" and [p.against for p in judged.pairs] == ["b", "fedavg"]
+    assert judged.verdict == cl.HOLDS and judged.claim.subject == "a" and judged.claim.at_tuned_rate
+    judged = cl.judge(at_rate, records(*sweep, flat("fedavg-lr3e-3", 0, 0.72), *at_1e3, *at_3e3))
+    assert judged.chosen == "fedavg-lr3e-3" and judged.claim.subject == "a-lr3e-3"
+    assert [p.against for p in judged.pairs] == ["b-lr3e-3", "fedavg-lr3e-3"] and judged.verdict == cl.FAILS
+    judged = cl.judge(at_rate, records(*sweep, flat("fedavg-lr3e-3", 0, 0.72), *at_1e3))
+    assert judged.verdict == cl.PENDING and judged.missing == ["a-lr3e-3", "b-lr3e-3"]
+    assert (
+        cl.label("a-lr3e-3") == "a"
+        and cl.label("fedat-lr3e-3") == "FedAT"
+        and cl.label("fedat-delta-lr05") != "full step"
+    )
+
+
 def test_every_claim_names_a_known_rule_and_a_unique_key():
     every = cl.CLAIMS + cl.BEYOND
     assert all(c.rule in cl.RULES for c in every)

@@ -215,8 +215,7 @@ def claims_table(judged: Sequence[cl.Judged], paper: bool) -> str:
         key = f"[{c.key}]({FIGURES}/{c.key}.png)" if j.pairs else c.key
         cells = [key, c.says, *([c.paper] if paper else [])]
         if not j.pairs:
-            names = ", ".join(cl.label(m, c.labels) for m in j.missing)
-            cells += [f"no record yet: {names}", "—", "—", cl.PENDING]
+            cells += [_missing(j).removeprefix("; "), "—", "—", cl.PENDING]
         else:
             cells += [ours(j), _scores(j), _reach(j), _verdict(j)]
         lines.append("| " + " | ".join(cells) + " |")
@@ -263,11 +262,22 @@ def ours(j: cl.Judged) -> str:
     else:
         parts = [f"{name} {_best(main.subject)}"] + [f"{other(p)} {_best(p.other)}" for p in j.pairs]
         text = " · ".join(parts) + (f": {_relative_best(j.pairs[0])}" if c.relative else "")
+    if c.at_tuned_rate:
+        text = f"at {_lr(main.records[0][0]['settings'].get('learning_rate'))}: {text}"
     if c.rule in ("higher", "level"):
         text += _ran_on(j)
-    if j.missing:
-        text += "; no record yet: " + ", ".join(cl.label(m, c.labels) for m in j.missing)
-    return text
+    return text + _missing(j)
+
+
+def _missing(j: cl.Judged) -> str:
+    """ "; no record yet: ..." naming the claim's methods without records (and their rate in a tuned-rate row)."""
+    if not j.missing:
+        return ""
+    rate = ""
+    if j.claim.at_tuned_rate and j.chosen:
+        suffix = cl.RATE_SUFFIX.search(j.chosen)
+        rate = f" at lr {suffix.group().removeprefix('-lr')}" if suffix else " at the default rate"
+    return f"; no record yet{rate}: " + ", ".join(cl.label(m, j.claim.labels) for m in j.missing)
 
 
 def _ran_on(j: cl.Judged) -> str:
@@ -358,6 +368,7 @@ def rules() -> str:
         "longest virtual budget all those seeds reach (the simulation is deterministic, so a longer run's first "
         "minutes are the shorter run). The numbers shown are means ± sample standard deviations over those seeds.",
     ]
+    tuned = [c.key for c in (*cl.CLAIMS, *cl.BEYOND) if c.tuned or c.at_tuned_rate]
     for name, rule in cl.RULES.items():
         if name in uses:
             lines.append(f"- **{name}** ({', '.join(uses[name])}): {rule.says}.")
@@ -368,8 +379,9 @@ def rules() -> str:
         "- **Against several comparators:** the claim holds when it holds against each, does not hold when it does "
         "not hold against any one, and is partly true otherwise; while a comparator has no record the claim is "
         "pending, unless it already does not hold against another.",
-        "- **A learning rate tuned for FedAvg** (a3): as the paper does, FedAvg's rate is the one of the sweep whose "
-        "FedAvg has the highest mean best accuracy on the seeds all rates ran, at the budget all of them reach.",
+        f"- **A learning rate tuned for FedAvg** ({', '.join(tuned)}): as the paper does, FedAvg's rate is the one "
+        "of the sweep whose FedAvg has the highest mean best accuracy on the seeds all rates ran, at the budget all "
+        "of them reach. A row at the tuned rate compares every method's runs at that rate (at 1e-3, the runs above).",
         f"- **Converged:** a pair's curves count as flat when each method's mean last-quarter rise (last quarter's "
         f"mean accuracy minus the quarter's before) is at most {cl.FLAT_RISE:g}; otherwise the verdict carries "
         f"{RISING}.",
