@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from fedat.protocol.statecodec import StateError
 from fedat.runtime import bus
 from fedat_sim import dst
 from fedat_sim.faults import FaultPlan
@@ -80,6 +81,30 @@ def test_the_sweep_catches_inputs_acked_before_their_effect_is_saved(monkeypatch
     monkeypatch.setattr(bus.Session, "commit", ack_first)
     heavy = FaultPlan(drops_per_minute=1.0, crashes_per_minute=1.0, in_transition=0.9)
     assert any(not dst.run_seed(s, 3.0, "fedat", heavy).ok for s in range(20))
+
+
+def test_the_sweep_catches_a_state_changed_in_place_after_its_save(monkeypatch):
+    # Break the state's value semantics, harmlessly for the barrier's decisions: after each save, move a collecting
+    # round's first task to the end of its map in place. A later save sharing the round would write its old bytes;
+    # the sweep re-encodes every shared part, and the save refuses it (the service then restarts from its checkpoint).
+    original, refused = bus.Runner.save, []
+
+    def then_reorder(self, channel, state, sent):
+        try:
+            original(self, channel, state, sent)
+        except StateError as exc:
+            refused.append(str(exc))
+            raise
+        for r in getattr(state, "rounds", {}).values():
+            if len(r.tasks) > 1:
+                first = next(iter(r.tasks))
+                r.tasks[first] = r.tasks.pop(first)  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(bus.Runner, "save", then_reorder)
+    from fedat_sim.faults import QUIET
+
+    dst.run_seed(3, 1.0, "fedat", QUIET)
+    assert refused and all(r == "a Round of the state changed in place after it was saved" for r in refused)
 
 
 @pytest.mark.parametrize("strategy", dst.STRATEGIES)

@@ -119,3 +119,37 @@ def test_a_stored_model_whose_bytes_are_not_what_its_digest_names_is_refused():
     damaged[10] ^= 1
     with pytest.raises(CheckpointError, match="do not match its digest"):
         CODEC.decode(data, {key: Stored(key, big.dtype.str, big.shape, bytes(damaged))})
+
+
+@dataclass(frozen=True)
+class Part:
+    name: str
+    clients: dict
+
+
+def test_a_part_shared_with_the_last_state_is_written_as_it_was_and_reads_back_alike():
+    codec = StateCodec(1, (Holder, Part))
+    kept, with_array = Part("kept", {1: 2.0}), Holder([np.ones(2, np.float32)], {})
+    first = Holder([kept, with_array], {"a": kept})
+    codec.encode(first)
+    assert id(kept) in codec._parts and id(with_array) not in codec._parts  # array references are per encode
+    second = Holder([kept, with_array, Part("new", {})], {"a": kept, "b": with_array.first[0]})
+    data = codec.encode(second)
+    assert data == StateCodec(1, (Holder, Part)).encode(second)  # the same bytes as a codec that reused nothing
+    back = codec.decode(data)
+    assert back.first[0] == kept and back.second["b"] is back.first[1].first[0]
+    assert id(kept) in codec._parts and set(codec._parts) <= {id(p) for p in (kept, *second.first[1:])}
+
+
+def test_with_verify_a_part_changed_in_place_after_it_was_saved_is_refused(monkeypatch):
+    codec = StateCodec(1, (Holder, Part))
+    kept = Part("kept", {1: 2.0})
+    codec.encode(Holder([kept], {}))
+    kept.clients[1] = 3.0  # what a transition must never do
+    assert codec.decode(codec.encode(Holder([kept], {}))).first[0].clients == {1: 2.0}  # the bytes of the last save
+    codec.encode(Holder([Part("other", {})], {}))
+    codec.encode(Holder([kept], {}))  # written afresh: it was not in the last state
+    kept.clients[1] = 4.0
+    monkeypatch.setattr(StateCodec, "verify", True)
+    with pytest.raises(StateError, match="a Part of the state changed in place after it was saved"):
+        codec.encode(Holder([kept], {}))

@@ -6,7 +6,8 @@ recorder over the memory broker; only the trainer is the numpy stand-in of `feda
 seeds run in a minute. After every event the monitor checks what cannot be undone later (a version published with
 two contents or out of order, a round merged twice, a round closed twice differently, a delivery settled twice);
 at the end, with faults off, workers and profiler stopped and the rest drained (as `make chaos` does),
-`fedat.ops.invariants.check` and the broker's ledger audit check the rest. A failing seed replays exactly:
+`fedat.ops.invariants.check` and the broker's ledger audit check the rest. Every state a service saves must be a
+value: a part of it changed in place after a save fails the seed (`StateCodec.verify`). A failing seed replays exactly:
 
     python -m fedat_sim.dst --seed N [--minutes M] [--strategy S]   (a range: --seeds A B --jobs 2)
 """
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from fedat.deploy.experiment import Experiment
 from fedat.lab.recorder import RunState
 from fedat.protocol import ids, journal, topology
+from fedat.protocol.statecodec import StateCodec
 from fedat_sim.clock import Clock, Event
 from fedat_sim.fakes import fake_parts
 from fedat_sim.faults import FaultPlan, Injector
@@ -114,6 +116,14 @@ def run_seed(
     seed: int, minutes: float = MINUTES, strategy: str | None = None, plan: FaultPlan | None = None
 ) -> Outcome:
     """Run one seed with faults (default `FaultPlan()`) for `minutes` of virtual time, drain, check every guarantee."""
+    verify, StateCodec.verify = StateCodec.verify, True  # a state changed in place after it was saved fails the seed
+    try:
+        return _run_seed(seed, minutes, strategy, plan)
+    finally:
+        StateCodec.verify = verify
+
+
+def _run_seed(seed: int, minutes: float, strategy: str | None, plan: FaultPlan | None) -> Outcome:
     strategy = strategy or strategy_for(seed)
     plan = plan or FaultPlan()
     exp = experiment(seed, strategy)

@@ -13,6 +13,12 @@ model that is also the newest of a history) is written once; its other places re
 appearance, and decode as the same object again. A state written before such references existed has none and
 reads as ever; code older than them refuses a state that has one ("unknown state extension type 7").
 
+A state is a value: nothing in it changes after it is made (a transition builds new mappings and copies). So a frozen
+dataclass or a wire message the new state shares with the state encoded last (a round still collecting, the tier
+assignment) is written as the bytes it was encoded to then, not packed again, unless it holds an array (their
+references are numbered per encode). `StateCodec.verify` re-encodes every such part and raises StateError if it
+changed in place: the property tests run with it.
+
 Given a `store` (`fedat.protocol.modelstore.Models.reference`), an array it names by digest is written as that
 digest instead of its bytes, and reading it back needs the stored arrays (`models`, by digest): the checkpoint that
 carries the state and the ones before it hold them (`fedat.protocol.journal`). A state with such a reference is only
@@ -41,16 +47,23 @@ Store = Callable[[np.ndarray], bytes | None]  # an array's digest, or None to wr
 class StateCodec:
     """Encodes one service's state; `version` changes whenever the state's shape does."""
 
+    verify = False  # re-encode every part reused from the last state and refuse one that changed in place
+
     def __init__(self, version: int, types: Iterable[type]):
         self.version = version
         self.types = {t.__name__: t for t in types}
         # registered dataclass -> its init fields' names: a service saves its state after every message, and
         # dataclasses.fields() per object cost ~5 % of a simulated run
         self._fields: dict[type, tuple[str, ...]] = {}
+        # the last encode's frozen parts without arrays, by identity (each held, so that its id stays its own)
+        self._parts: dict[int, tuple[Any, msgpack.ExtType]] = {}
 
     def encode(self, state: Any, store: Store | None = None) -> bytes:
         """The state as msgpack bytes; with `store`, the arrays it names are written as their digests."""
-        return _Encoding(self, store).pack({"v": self.version, "state": state})
+        enc = _Encoding(self, store)
+        data = enc.pack({"v": self.version, "state": state})
+        self._parts = enc.parts
+        return data
 
     def decode(self, data: bytes, models: Mapping[bytes, Stored] | None = None) -> Any:
         """The state back, its stored arrays from `models`; StateError if it was written by an incompatible version,
@@ -67,6 +80,19 @@ class StateCodec:
         return body["state"]
 
     def _default(self, value: Any, enc: _Encoding) -> msgpack.ExtType:
+        part = self._parts.get(id(value))
+        if part is not None and part[0] is value:
+            if self.verify and self._packed(value, enc) != part[1]:
+                raise StateError(f"a {type(value).__name__} of the state changed in place after it was saved")
+            enc.parts[id(value)] = part
+            return part[1]
+        refs = enc.array_refs
+        ext = self._packed(value, enc)
+        if enc.array_refs == refs and _frozen(value):
+            enc.parts[id(value)] = (value, ext)
+        return ext
+
+    def _packed(self, value: Any, enc: _Encoding) -> msgpack.ExtType:
         names = self._fields.get(type(value))
         if names is not None:
             return msgpack.ExtType(_DATACLASS, enc.pack([type(value).__name__, [getattr(value, n) for n in names]]))
@@ -79,6 +105,7 @@ class StateCodec:
             self._fields[type(value)] = tuple(f.name for f in fields(value) if f.init)
             return msgpack.ExtType(_DATACLASS, enc.pack([name, [getattr(value, n) for n in self._fields[type(value)]]]))
         if isinstance(value, np.ndarray):
+            enc.array_refs += 1
             seen = enc.arrays.get(id(value))
             if seen is not None:
                 return msgpack.ExtType(_SAME_ARRAY, enc.pack(seen[0]))
@@ -142,12 +169,20 @@ class StateCodec:
         raise StateError(f"unknown state extension type {code}")
 
 
+def _frozen(value: Any) -> bool:
+    """A frozen dataclass instance (wire messages are)."""
+    params = getattr(type(value), "__dataclass_params__", None)
+    return params is not None and params.frozen
+
+
 class _Encoding:
     """One encode: the arrays written so far, by identity, so that a repeated one is written once."""
 
     def __init__(self, codec: StateCodec, store: Store | None):
         self.codec, self.store = codec, store
         self.arrays: dict[int, tuple[int, np.ndarray]] = {}
+        self.array_refs = 0  # arrays met so far, repeats included: a part that met none may be reused
+        self.parts: dict[int, tuple[Any, msgpack.ExtType]] = {}  # the parts this state shares with the next
 
     def pack(self, value: Any) -> bytes:
         return msgpack.packb(value, default=self.default, use_bin_type=True)
