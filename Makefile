@@ -44,20 +44,22 @@ run: setup broker data
 compare: setup broker data
 	$(PY) -m fedat.cli compare $(COMPARISON)
 
-# Two parts, both always run; either failing fails `test`. First the tests marked `alone` (they train with TensorFlow
-# in real time or time real services against their windows), a file at a time on ALONE_JOBS workers (one per core, at
-# most 2: each such test keeps about one core busy, so two side by side still have a core each), with no CPU-bound
-# test beside them. Then everything else at once: the unit tests (CPU-bound) and the other integration tests (each on
-# its own vhost or private node, mostly waiting on the broker) on TEST_JOBS workers, the tests marked slow first; the
-# image's tests share a worker.
+# Three parts, all always run; any failing fails `test`. First the tests marked `solo` (a run that plans itself on
+# what it measured of the machine), one at a time with nothing beside them. Then the other tests marked `alone` (they
+# train with TensorFlow in real time or time real services against their windows), a file at a time on ALONE_JOBS
+# workers (one per core, at most 2: each such test keeps about one core busy, so two side by side still have a core
+# each), with no CPU-bound test beside them. Then everything else at once: the unit tests (CPU-bound) and the other
+# integration tests (each on its own vhost or private node, mostly waiting on the broker) on TEST_JOBS workers, the
+# tests marked slow first; the image's tests share a worker.
 TEST_JOBS ?= $(shell n=$$(nproc); echo $$(( 2 * n < 8 ? 2 * n : 8 )))
 ALONE_JOBS ?= $(shell n=$$(nproc); echo $$(( n < 2 ? 1 : 2 )))
 test: setup broker data prometheus
-	$(PY) -m pytest -p no:cacheprovider --durations=12 -m alone -n $(ALONE_JOBS) --dist loadfile \
+	$(PY) -m pytest -p no:cacheprovider --durations=12 -m solo tests/integration; solo=$$?; \
+	$(PY) -m pytest -p no:cacheprovider --durations=12 -m "alone and not solo" -n $(ALONE_JOBS) --dist loadfile \
 		tests/integration; alone=$$?; \
 	$(PY) -m pytest -p no:cacheprovider --durations=12 -m "not alone" -n $(TEST_JOBS) --dist loadgroup \
 		tests/integration tests/unit; rest=$$?; \
-	exit $$(( alone || rest ))
+	exit $$(( solo || alone || rest ))
 
 test-unit: setup prometheus
 	$(PY) -m pytest -p no:cacheprovider -n $(TEST_JOBS) --dist loadfile tests/unit
