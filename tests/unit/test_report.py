@@ -144,3 +144,22 @@ def test_a_claim_not_converged_at_its_budget_names_the_longer_runs_of_either_met
     assert report.ours(judged) == "a 0.800 · b 0.700; longer runs: b 0.900 at 5 min"
     level = records(flat("a", 0, 0.8, minutes=5.0), flat("b", 0, 0.7))
     assert "longer" not in report.ours(claims.judge(claims.Claim("y", "a beats b", "—", "cmp", "a", ("b",)), level))
+
+
+def test_a_row_at_the_tuned_rate_names_the_rate_and_its_missing_runs():
+    from tests.unit.test_claims import flat, records
+
+    def at(method: str, level: float, lr: float) -> dict:
+        r = flat(method, 0, level)
+        r["settings"] = {"learning_rate": lr}
+        return r
+
+    sweep = [at("fedavg-lr3e-4", 0.6, 3e-4), at("fedavg", 0.7, 1e-3), at("fedavg-lr3e-3", 0.72, 3e-3)]
+    row = claims.Claim("x", "a beats b at the tuned rate", "—", "cmp", "a", ("b",), at_tuned_rate=True)
+    pending = claims.judge(row, records(*sweep, at("a", 0.8, 1e-3)))
+    table = report.claims_table([pending], paper=False)
+    assert "| x | a beats b at the tuned rate | no record yet at lr 3e-3: a, b | — | — | pending |" in table
+    done = claims.judge(row, records(*sweep, at("a-lr3e-3", 0.8, 3e-3), at("b-lr3e-3", 0.75, 3e-3)))
+    assert report.ours(done) == "at lr 3e-3: a 0.800 · b 0.750"
+    title, series, _ = report.claim_series(done, records(*sweep, at("a-lr3e-3", 0.8, 3e-3), at("b-lr3e-3", 0.75, 3e-3)))
+    assert [s.label for s in series] == ["a", "b"]
