@@ -4,11 +4,14 @@
 2. Virtual seconds per real second of every shipped experiment and comparison method (a short run of each).
 3. A sweep of short simulations, one after another against two at once (both cores, one TF thread each).
 4. Training a round's clients together in one grouped step against one by one: speed and equivalence.
+5. One run training in its own process against the same run training in a pool of processes (target >= 1.5× on
+   two free cores), and that both write the same events.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import os
 import random
@@ -482,8 +485,40 @@ def row_grouped(k: int, repeats: int) -> None:
     )
 
 
+# --- 5. one run on more cores -------------------------------------------------------------------------------------
+def simulated(experiment: Path, minutes: float, processes: int, results: Path) -> float:
+    """Seconds of one whole `python -m fedat_sim` run training in `processes` processes."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": os.pathsep.join(sys.path)}
+    cmd = [sys.executable, "-m", "fedat_sim", str(experiment), "--virtual-minutes", str(minutes)]
+    cmd += ["--results", str(results), "--tag", f"p{processes}", "--processes", str(processes)]
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False)
+    if proc.returncode:
+        raise RuntimeError(f"{cmd} failed: {proc.stderr.decode()[-500:]}")
+    return time.perf_counter() - start
+
+
+def row_pool(minutes: float, processes: int) -> None:
+    """The main experiment for `minutes` virtual minutes, training in one process, then in `processes`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        one = simulated(MAIN, minutes, 1, Path(tmp))
+        pool = simulated(MAIN, minutes, processes, Path(tmp))
+        same = (Path(tmp) / "p1" / "events.jsonl").read_bytes() == (
+            Path(tmp) / f"p{processes}" / "events.jsonl"
+        ).read_bytes()
+        trainings = json.loads((Path(tmp) / "p1" / "summary.json").read_text())["client_trainings"]
+    print(
+        f"## 5. One run on more cores: `python -m fedat_sim {MAIN.relative_to(ROOT)} --virtual-minutes {minutes:g}` "
+        f"({trainings} trainings; whole processes: TF import, data, tracing)\n"
+    )
+    print("| trains in | real s | events |\n|---|---:|---|")
+    print(f"| its own process | {one:.1f} | |")
+    print(f"| a pool of {processes} processes | {pool:.1f} | {'the same' if same else '**DIFFERENT**'} |")
+    print(f"| **speed-up** | **{one / pool:.2f}×** (target >= 1.5× on {processes} free cores) | |\n")
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Run the four rows and print their tables."""
+    """Run the five rows and print their tables."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--virtual-minutes", type=float, default=1.0, help="row 1: virtual minutes per simulation")
     parser.add_argument("--repeats", type=int, default=2, help="row 1: simulations (and bare runs), interleaved")
@@ -493,7 +528,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sweep-minutes", type=float, default=0.25, help="row 3: virtual minutes per simulation")
     parser.add_argument("--group", type=int, default=10, help="row 4: clients trained together")
     parser.add_argument("--group-repeats", type=int, default=3, help="row 4: timed repeats")
-    parser.add_argument("--rows", default="1234", help="which rows to run")
+    parser.add_argument("--pool-minutes", type=float, default=3.0, help="row 5: virtual minutes of the run")
+    parser.add_argument("--pool-processes", type=int, default=2, help="row 5: processes in the pool")
+    parser.add_argument("--rows", default="12345", help="which rows to run")
     args = parser.parse_args(argv)
     import logging
 
@@ -506,6 +543,8 @@ def main(argv: list[str] | None = None) -> None:
         row_sweep(args.sweep_runs, args.sweep_minutes)
     if "4" in args.rows:
         row_grouped(args.group, args.group_repeats)
+    if "5" in args.rows:
+        row_pool(args.pool_minutes, args.pool_processes)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--results", type=Path, default=Path("results"))
     p.add_argument("--seed", type=int, default=None, help="replaces the experiment's seed setting")
     p.add_argument("--tag", default="", help="name of the run folder (default: time, name, random suffix)")
+    p.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="processes to train in (the same run on more cores; needs step_seconds)",
+    )
     args = p.parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     # A simulation dead-letters stale stragglers by the thousand, as a real run does; its log is for errors only.
@@ -26,7 +32,13 @@ def main(argv: list[str] | None = None) -> None:
 
     try:
         summary = simulate(
-            args.experiment, args.results, args.virtual_minutes, args.seed, tag=args.tag, stop=stop_on_sigterm()
+            args.experiment,
+            args.results,
+            args.virtual_minutes,
+            args.seed,
+            tag=args.tag,
+            stop=stop_on_sigterm(),
+            processes=args.processes,
         )
     except (OSError, ValueError) as exc:
         sys.exit(f"fedat simulate: {exc}")

@@ -38,6 +38,18 @@ class Parts:
     initial: tuple[np.ndarray, ...]
 
 
+@dataclass(frozen=True)
+class TensorflowRecipe:
+    """Builds `tensorflow_parts(workload, threads)`; pickles, so a pool process can build the same parts."""
+
+    workload: Any
+    threads: int = 1
+
+    def __call__(self) -> Parts:
+        """The parts."""
+        return tensorflow_parts(self.workload, self.threads)
+
+
 def tensorflow_parts(workload: Any, threads: int = 1) -> Parts:
     """The experiment's data set and model with the project's trainer (imports TensorFlow, builds once)."""
     from fedat_worker.models import weight_names

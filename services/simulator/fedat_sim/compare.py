@@ -94,8 +94,10 @@ def run_one(
     results: Path,
     summaries: Path,
     progress_every: float = PROGRESS_EVERY,
+    processes: int = 1,
 ) -> dict | None:
-    """Simulate one (method, seed) of the comparison and file its record; return it (None: the sweep had stopped)."""
+    """Simulate one (method, seed) of the comparison, training in `processes` processes, and file its record; return
+    it (None: the sweep had stopped)."""
     if _stopped():
         return None  # queued before the sweep stopped: a run of a few virtual seconds would be no record at all
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -109,7 +111,8 @@ def run_one(
     # SIGTERM to this process ends the run early: its record is then the shorter run's (and counts only for that)
     terminated = stop_on_sigterm()
     progress = Progress(f"{method} seed {seed}", minutes, progress_every)
-    summary = simulate(exp, results, minutes, seed, tag=tag, stop=lambda: terminated() or _stopped(), progress=progress)
+    stop = lambda: terminated() or _stopped()  # noqa: E731
+    summary = simulate(exp, results, minutes, seed, tag=tag, stop=stop, progress=progress, processes=processes)
     rec = sweep.make_record(Path(summary["run_dir"]), name, method, methods.index(method), targets)
     _file(sweep.record_path(summaries, name, method, seed), rec)
     return rec
@@ -211,8 +214,10 @@ def compare_simulated(
     virtual_minutes: float | None = None,
     methods_only: tuple[str, ...] = (),
     progress_every: float = PROGRESS_EVERY,
+    processes: int = 1,
 ) -> str:
-    """Run the comparison's missing (method, seed) runs, `jobs` at a time; write and return its tables."""
+    """Run the comparison's missing (method, seed) runs, `jobs` at a time, each training in `processes` processes;
+    write and return its tables."""
     name, minutes, todo, _ = _pending(path, summaries, seeds, virtual_minutes, methods_only)
     for m, s in list(todo):
         if (rec := reuse(path, summaries, m, s, minutes)) is not None:
@@ -229,7 +234,8 @@ def compare_simulated(
         jobs, mp_context=ctx, max_tasks_per_child=1, initializer=_pool_process, initargs=(stopping,)
     ) as pool:
         futures = {
-            pool.submit(run_one, path, m, s, minutes, results, summaries, progress_every): (m, s) for m, s in todo
+            pool.submit(run_one, path, m, s, minutes, results, summaries, progress_every, processes): (m, s)
+            for m, s in todo
         }
 
         received: list[int] = []
@@ -304,6 +310,13 @@ def main(argv: list[str] | None = None) -> None:
         metavar="SECONDS",
         help=f"wall seconds between a run's progress lines (default {PROGRESS_EVERY:g}; 0: none)",
     )
+    p.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="processes each run trains its clients in (the same run on more cores; needs a nominal step_seconds); "
+        "a sweep uses jobs x processes cores",
+    )
     args = p.parse_args(argv)
     seeds = tuple(int(s) for s in args.seeds.split(",")) if args.seeds else None
     only = tuple(m for m in args.methods.split(",") if m)
@@ -320,6 +333,7 @@ def main(argv: list[str] | None = None) -> None:
             args.virtual_minutes,
             only,
             args.progress_every,
+            args.processes,
         )
     except (OSError, ValueError) as exc:
         sys.exit(f"fedat compare --simulate: {exc}")

@@ -38,6 +38,8 @@ READY, UNACKED, ACKED, DEAD, DROPPED = "ready", "unacked", "acked", "dead-letter
 FINAL = frozenset({ACKED, DEAD, DROPPED})
 
 Visibility = Callable[[str, str, bytes, pika.BasicProperties], float | None]
+# What a message is once it becomes visible (a simulated worker's update gets its trained model then: fedat_sim.pool).
+Finish = Callable[[str, str, bytes, pika.BasicProperties], tuple[bytes, pika.BasicProperties]]
 
 
 class Hooks(Protocol):
@@ -202,15 +204,27 @@ class MemoryBroker:
         properties: pika.BasicProperties,
         mandatory: bool = False,
         visible_at: float | None = None,
+        finish: Finish | None = None,
     ) -> None:
-        """Route a message now, or at `visible_at` (a simulated client's answer becomes visible at `not_before`)."""
+        """Route a message now, or at `visible_at` (a simulated client's answer becomes visible at `not_before`);
+        `finish` makes the message what it is when it becomes visible, once for every copy."""
         if mandatory and not self.route(exchange, routing_key):
             raise pe.UnroutableError([])
+        finished: list[tuple[bytes, pika.BasicProperties]] = []
+
+        def enqueue() -> None:
+            if finish is None:
+                self._enqueue_all(exchange, routing_key, body, properties)
+                return
+            if not finished:
+                finished.append(finish(exchange, routing_key, body, properties))
+            self._enqueue_all(exchange, routing_key, *finished[0])
+
         for _ in range(max(1, self.hooks.copies(exchange, routing_key, properties))):
             if visible_at is not None and visible_at > self.clock.now:
-                self.clock.at(visible_at, lambda: self._enqueue_all(exchange, routing_key, body, properties), "visible")
+                self.clock.at(visible_at, enqueue, "visible")
             else:
-                self._enqueue_all(exchange, routing_key, body, properties)
+                enqueue()
 
     def _enqueue_all(self, exchange: str, routing_key: str, body: bytes, properties: pika.BasicProperties) -> None:
         for tap in self.taps:
@@ -330,6 +344,8 @@ class MemoryConnection:
         self.on_error: Callable[[BaseException], None] | None = None
         # Publishes from this connection become visible at this time (simulated clients answer at `not_before`).
         self.visible_at: Visibility | None = None
+        # What its publishes are once visible (None: as published).
+        self.finish: Finish | None = None
         self._sabotage: tuple[int, BaseException, bool] | None = None
 
     def channel(self) -> MemoryChannel:
@@ -457,7 +473,7 @@ class MemoryChannel:
         properties = properties or pika.BasicProperties()
         hook = self.connection.visible_at
         visible = hook(exchange, routing_key, body, properties) if hook is not None else None
-        self.broker.publish(exchange, routing_key, bytes(body), properties, mandatory, visible)
+        self.broker.publish(exchange, routing_key, bytes(body), properties, mandatory, visible, self.connection.finish)
         self.connection.tick("after")
 
     def basic_consume(self, queue: str, on_message_callback: Callable[..., None]) -> str:

@@ -27,9 +27,10 @@ from fedat.lab.recorder import RunState
 from fedat.lab.run import summarize
 from fedat.protocol import topology
 from fedat.runtime import config
-from fedat_sim.clients import Parts, tensorflow_parts
+from fedat_sim.clients import Parts, TensorflowRecipe
 from fedat_sim.clock import Clock, Livelock
 from fedat_sim.memory import MemoryBroker
+from fedat_sim.pool import PoolBroken, PoolTrainer, Recipe
 from fedat_sim.shell import ServiceDied
 from fedat_sim.system import System, secret_for
 from fedat_worker.workload import workload_from_env
@@ -55,18 +56,21 @@ def simulate(
     virtual_minutes: float | None = None,
     seed: int | None = None,
     *,
-    parts: Parts | None = None,
+    parts: Parts | Recipe | None = None,
     tag: str = "",
     workers: int = 1,
     signed: bool = True,
     stop: Callable[[], bool] | None = None,
     progress: Callable[[float], None] | None = None,
     plots: bool = True,
+    processes: int = 1,
 ) -> dict:
     """Run `experiment` for `virtual_minutes` (default: its `minutes`) of virtual time; return its summary.
 
     `seed` replaces the experiment's `seed` setting (partition, model, client selection, delays) and seeds the
-    clock's tie-breaking. `parts` replaces the experiment's data and model (tests use `fedat_sim.fakes`). If `stop()`
+    clock's tie-breaking. `parts` replaces the experiment's data and model (tests use `fedat_sim.fakes`), or builds
+    them (a picklable recipe). `processes` > 1 trains in that many other processes (`fedat_sim.pool`; it needs a
+    nominal `step_seconds`, and a recipe for custom parts): the same run on more cores. If `stop()`
     turns true, the run ends at the next whole STOP_GRAIN of virtual time and its folder is that shorter run's:
     everything up to then happened exactly as in the full run (the simulation is deterministic). `progress` is
     called with the virtual minutes done after every STOP_GRAIN. `plots=False` leaves out the figures.
@@ -80,14 +84,22 @@ def simulate(
     planned = minutes
 
     def describe(ran: float) -> None:
-        simulated = {"virtual_minutes": ran, "seed": seed, "worker_processes": workers}
+        simulated = {"virtual_minutes": ran, "seed": seed, "worker_processes": workers, "training_processes": processes}
         if ran < planned:
             simulated["planned_minutes"] = planned  # stopped early: this folder is the `ran`-minute run
         meta = {"name": exp.name, "workers": exp.workers, "minutes": ran, "settings": exp.settings}
         (out / "experiment.json").write_text(json.dumps({**meta, "simulated": simulated}, indent=2))
 
+    nominal = bool(float(exp.settings.get("step_seconds") or 0))
+    if processes > 1 and not nominal:
+        raise ValueError(
+            f"{exp.name}: training in {processes} processes needs a nominal step_seconds (without one, when an "
+            "update answers depends on how long its training took, so it cannot train while virtual time goes on)"
+        )
+    if processes > 1 and isinstance(parts, Parts):
+        raise ValueError("training in several processes builds the parts in each: give a recipe, not built parts")
     describe(minutes)
-    if not float(exp.settings.get("step_seconds") or 0):
+    if not nominal:
         print(
             f"[fedat simulate] {exp.name} sets no step_seconds: latencies follow each training's measured time, so "
             "this run is not reproducible event for event (give a nominal step_seconds for that)",
@@ -96,8 +108,14 @@ def simulate(
     wall0 = time.perf_counter()  # for summary.json's wall_seconds only; the simulation never reads it
     cpu0 = time.process_time()  # the compute a run cost, whatever else shared the machine
     env = exp.env()
+    recipe = parts if callable(parts) else None
     if parts is None:
-        parts = tensorflow_parts(workload_from_env(env), config.get_int(env, "FEDAT_TF_THREADS", 1))
+        recipe = TensorflowRecipe(workload_from_env(env), config.get_int(env, "FEDAT_TF_THREADS", 1))
+    built = recipe() if recipe is not None else parts
+    assert isinstance(built, Parts)
+    pool = PoolTrainer(built, recipe, processes) if processes > 1 and recipe is not None else None
+    if pool is not None:
+        built = replace(built, trainer=pool)
     clock = Clock(rng=random.Random(seed))
     broker = MemoryBroker(clock)
     trainings: Counter[str] = Counter()
@@ -110,7 +128,7 @@ def simulate(
     state = RunState(started_at=clock.now)  # events.jsonl's clock starts with the profiling pass, as in fedat run
     failure = None
     with open(out / "events.jsonl", "w") as events:
-        system = System(exp, parts, clock, broker, state, events, workers, secret_for(seed) if signed else None)
+        system = System(exp, built, clock, broker, state, events, workers, secret_for(seed) if signed else None)
         try:
             system.start()
             end = clock.now + minutes * 60.0
@@ -122,10 +140,12 @@ def simulate(
                     minutes = (clock.now - state.started_at) / 60.0
                     describe(minutes)
                     break
-        except (ServiceDied, Livelock) as exc:
+        except (ServiceDied, Livelock, PoolBroken) as exc:
             failure = str(exc)
         finally:
             system.stop()
+            if pool is not None:
+                pool.close()
     summary = summarize(exp, state, time.perf_counter() - wall0)
     summary.update(
         {

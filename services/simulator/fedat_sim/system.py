@@ -35,6 +35,7 @@ from fedat_profiler.profiler import Profiler
 from fedat_sim.clients import Parts, answer_at_not_before, simulated_worker
 from fedat_sim.clock import Clock
 from fedat_sim.memory import MemoryBroker
+from fedat_sim.pool import Finisher, PoolTrainer, answer_finished
 from fedat_sim.shell import Process
 from fedat_worker import evaluator_main, worker_main
 from fedat_worker.evaluator import Evaluator
@@ -71,10 +72,12 @@ class System:
         worker = worker_main.settings(self.env)
         wcfg = WorkerConfig(worker.tiers, worker.profile_queue, worker.straggler, worker.workload.seed)
         profiles = client_profiles(worker.workload.num_clients, worker.straggler, worker.workload.seed)
+        wbroker = self._broker_cfg("worker", 0)  # no prefetch limit: every client trains on its own (virtual) core
+        configure = answer_at_not_before
+        if isinstance(parts.trainer, PoolTrainer):  # trained in other processes, finished when visible
+            configure = answer_finished(Finisher(parts.trainer, list(parts.names), wbroker))
         for i in range(workers):
-            service = simulated_worker(wcfg, parts, profiles, clock)
-            # No prefetch limit: every client trains on its own (virtual) core.
-            self._add(f"worker-{i}", service, self._broker_cfg("worker", 0), configure=answer_at_not_before)
+            self._add(f"worker-{i}", simulated_worker(wcfg, parts, profiles, clock), wbroker, configure=configure)
         evaluator = Evaluator(evaluator_main.settings(self.env), parts.clients, parts.trainer, clock)
         self._add("evaluator", evaluator, self._broker_cfg("evaluator"))
         agg = aggregator_main.settings(self.env)
