@@ -14,6 +14,7 @@ from fedat.protocol import topology
 from fedat_sim.clock import Clock
 from fedat_sim.fakes import fake_parts
 from fedat_sim.memory import MemoryBroker
+from fedat_sim.pool import PoolTrainer
 from fedat_sim.simulate import simulate
 
 from .test_sim_simulate import SMALL
@@ -88,3 +89,24 @@ def _broken_parts():
 def test_a_training_that_fails_in_the_pool_ends_the_run_naming_it(tmp_path):
     summary = simulate(Experiment("tiny", 2, 1, dict(SMALL)), tmp_path, 1, parts=_broken_parts, tag="x", processes=2)
     assert "failed in its process: RuntimeError: out of memory" in summary["failure"]
+
+
+def test_a_task_trained_twice_before_its_update_is_visible_is_finished_twice():
+    # A worker killed after publishing and before its ack gets the task again: two trainings of one (client, seed).
+    parts = fake_parts(8)
+    pool = PoolTrainer(parts, RECIPE, 2)
+    try:
+        data = parts.clients[3]
+        start = [w + 1 for w in parts.initial]
+        for _ in range(2):
+            stand_in = pool.train(start, data.x_train, data.y_train, epochs=2, prox_lambda=0.4, seed=7)
+            assert stand_in.weights is start and stand_in.loss == 0.0
+        want = parts.trainer.train(start, data.x_train, data.y_train, epochs=2, prox_lambda=0.4, seed=7)
+        for _ in range(2):
+            got, base = pool.finish(3, 7)
+            assert base is start and got.loss == want.loss
+            assert all((g == w).all() for g, w in zip(got.weights, want.weights, strict=True))
+        with pytest.raises(RuntimeError, match="no training of client 3 with seed 7 is in flight"):
+            pool.finish(3, 7)
+    finally:
+        pool.close()

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import signal
 import zlib
+from collections import defaultdict, deque
 from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -78,7 +79,9 @@ class PoolTrainer(Trainer):
         self._pool = ProcessPoolExecutor(
             processes, mp_context=get_context("spawn"), initializer=_start, initargs=(recipe,)
         )
-        self._jobs: dict[int, _Job] = {}
+        # By (client, seed): a task redelivered after a crash is trained again while its first training may be in
+        # flight; both give the same result, and the first update to become visible takes the first.
+        self._jobs: dict[tuple[int, int], deque[_Job]] = defaultdict(deque)
 
     def train(
         self,
@@ -96,8 +99,6 @@ class PoolTrainer(Trainer):
         client = self._client_of.get(id(x))
         if client is None:
             raise ValueError("a pool trains only the run's own clients (x is none of their training splits)")
-        if seed in self._jobs:
-            raise RuntimeError(f"two trainings in flight share the seed {seed}: the pool could not tell them apart")
         kwargs = dict(
             epochs=epochs, prox_lambda=prox_lambda, seed=seed, learning_rate=learning_rate, batch_size=batch_size
         )
@@ -105,12 +106,17 @@ class PoolTrainer(Trainer):
             future = self._pool.submit(_train, client, list(weights), kwargs)
         except BrokenProcessPool as exc:
             raise PoolBroken(f"a training process died: {exc}") from exc
-        self._jobs[seed] = _Job(future, weights)
+        self._jobs[(client, seed)].append(_Job(future, weights))
         return TrainResult(weights, len(x), 0.0, 0.0)
 
-    def finish(self, seed: int) -> tuple[TrainResult, list[np.ndarray]]:
-        """The real result of the training sent with `seed` (waits for it), and the weights it started from."""
-        job = self._jobs.pop(seed)
+    def finish(self, client: int, seed: int) -> tuple[TrainResult, list[np.ndarray]]:
+        """The real result of the client's training sent with `seed` (waits for it), and the weights it started from."""
+        queued = self._jobs.get((client, seed))
+        if not queued:
+            raise RuntimeError(f"no training of client {client} with seed {seed} is in flight")
+        job = queued.popleft()
+        if not queued:
+            del self._jobs[(client, seed)]
         try:
             return job.result.result(), job.start
         except Exception as exc:
@@ -152,7 +158,9 @@ class Finisher:
             return body, properties
         stand_in = decode(body, Update)
         assert isinstance(stand_in, Update)
-        result, start = self.trainer.finish(zlib.crc32(stand_in.task_id.encode()))  # `local.train`'s seed
+        result, start = self.trainer.finish(
+            stand_in.client, zlib.crc32(stand_in.task_id.encode())
+        )  # `local.train`'s seed
         layers = ()
         if stand_in.layers:  # as `local.update` encodes them: the task's codec, against the weights it started from
             codec, precision = stand_in.layers[0].codec, stand_in.layers[0].precision
