@@ -87,7 +87,7 @@ def test_a_simulation_reports_its_virtual_minutes_after_every_grain(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_tiny_logreg_experiment_runs_every_tier_and_learns_and_repeats_exactly(tmp_path):
+def test_a_tiny_logreg_experiment_runs_every_tier_learns_and_repeats_exactly_when_trained_in_a_pool(tmp_path):
     pytest.importorskip("tensorflow")
     if not FMNIST.exists():
         pytest.skip("Fashion-MNIST is not installed (make data)")
@@ -96,8 +96,10 @@ def test_a_tiny_logreg_experiment_runs_every_tier_and_learns_and_repeats_exactly
     settings.update(learning_rate=0.01, prox_lambda=0.0, classes_per_client=2)
     yaml.write_text(json.dumps({"name": "sim-tiny", "workers": 1, "minutes": 3, "settings": settings}))
     assert load_experiment(yaml).settings["model"] == "logreg"
-    for tag in ("a", "b"):  # the command line, twice, in fresh interpreters
+    # The command line, twice, in fresh interpreters: the second trains in a pool of processes (fedat_sim.pool).
+    for tag, processes in (("a", 1), ("b", 2)):
         cmd = [sys.executable, "-m", "fedat_sim", str(yaml), "--results", str(tmp_path), "--tag", tag]
+        cmd += ["--processes", str(processes)]
         subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=300)
     run = tmp_path / "a"
     summary = json.loads((run / "summary.json").read_text())
