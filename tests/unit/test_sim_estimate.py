@@ -82,3 +82,10 @@ def test_an_estimate_lists_the_runs_without_a_record_and_adds_them_up(tmp_path, 
     assert probed == ["tiny-cmp-fedavg"]  # one workload, one probe
     assert all(int(r[2].replace(",", "")) > 0 and r[5].strip().endswith(" s") for r in rows), rows
     assert "3 runs of 1 virtual min" in table and "| **all** |" in table and "2 at a time" in table
+    pooled = estimate_simulated(tmp_path / "cmp.yaml", tmp_path / "sums", jobs=2, processes=3)
+    assert "each training in 3 processes" in pooled
+
+    def wall(text: str) -> float:
+        return float(text.split("at least ")[1].split(" s of wall time")[0])
+
+    assert abs(wall(pooled) - wall(table) / 3) <= 1  # 2 runs at once, each on 3 cores

@@ -168,8 +168,10 @@ def estimate_simulated(
     jobs: int = 2,
     virtual_minutes: float | None = None,
     methods_only: tuple[str, ...] = (),
+    processes: int = 1,
 ) -> str:
-    """What the comparison's missing runs will cost here (`fedat_sim.estimate`), as a Markdown table; runs nothing."""
+    """What the comparison's missing runs will cost here (`fedat_sim.estimate`), as a Markdown table; runs nothing.
+    The wall time assumes `jobs` runs at once, each training in `processes` processes."""
     from fedat_sim import estimate
 
     name, minutes, todo, by_method = _pending(path, summaries, seeds, virtual_minutes, methods_only)
@@ -198,9 +200,11 @@ def estimate_simulated(
         + "\n\n| method | seed | trainings | mini-batch steps | evaluations | CPU |\n|---|---:|---:|---:|---:|---:|\n"
     )
     at_once = max(1, min(jobs, len(todo)))
+    each = "each on a core of its own" if processes <= 1 else f"each training in {processes} processes"
     foot = (
-        f"\n| **all** | | | | | **{_duration(total)}** |\n\n{at_once} at a time, each on a core of its own: "
-        f"at least {_duration(total / at_once)} of wall time (the services' own work, a few per cent, is not counted)."
+        f"\n| **all** | | | | | **{_duration(total)}** |\n\n{at_once} at a time, {each}: at least "
+        f"{_duration(total / (at_once * max(1, processes)))} of wall time on as many cores (the services' own work, a "
+        "few per cent, is not counted)."
     )
     return head + "\n".join(rows) + foot
 
@@ -322,7 +326,11 @@ def main(argv: list[str] | None = None) -> None:
     only = tuple(m for m in args.methods.split(",") if m)
     try:
         if args.estimate:
-            print(estimate_simulated(args.comparison, args.summaries, seeds, args.jobs, args.virtual_minutes, only))
+            print(
+                estimate_simulated(
+                    args.comparison, args.summaries, seeds, args.jobs, args.virtual_minutes, only, args.processes
+                )
+            )
             return
         md = compare_simulated(
             args.comparison,
