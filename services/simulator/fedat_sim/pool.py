@@ -95,7 +95,7 @@ class PoolTrainer(Trainer):
         learning_rate: float | None = None,
         batch_size: int | None = None,
     ) -> TrainResult:
-        """Send the training to a process; answer with the start weights and loss 0 until `finish(seed)`."""
+        """Send the training to a process; answer with a stand-in (the start weights, loss 0) until `finish`."""
         client = self._client_of.get(id(x))
         if client is None:
             raise ValueError("a pool trains only the run's own clients (x is none of their training splits)")
@@ -158,9 +158,8 @@ class Finisher:
             return body, properties
         stand_in = decode(body, Update)
         assert isinstance(stand_in, Update)
-        result, start = self.trainer.finish(
-            stand_in.client, zlib.crc32(stand_in.task_id.encode())
-        )  # `local.train`'s seed
+        seed = zlib.crc32(stand_in.task_id.encode())  # the seed `local.train` gave the task's training
+        result, start = self.trainer.finish(stand_in.client, seed)
         layers = ()
         if stand_in.layers:  # as `local.update` encodes them: the task's codec, against the weights it started from
             codec, precision = stand_in.layers[0].codec, stand_in.layers[0].precision
