@@ -39,7 +39,8 @@ def test_a_rebuild_from_the_committed_records_changes_no_table(built):
         assert report.replace_blocks(text, blocks) == text, f"docs/{name} is stale: run `{REBUILD}`"
     for name, text in built.pages.items():
         assert (DOCS / name).read_text() == text, f"docs/{name} is stale: run `{REBUILD}`"
-    pages = {f"{report.PAGES}/{p.name}" for p in (DOCS / report.PAGES).glob("compare-*.md")}
+    generated = [*(DOCS / report.PAGES).glob("compare-*.md"), DOCS / report.PAGES / report.CLAIMS_PAGE]
+    pages = {f"{report.PAGES}/{p.name}" for p in generated if p.exists()}
     assert pages == set(built.pages), f"pages no record makes, or missing: run `{REBUILD}`"
 
 
@@ -72,7 +73,14 @@ def test_the_first_screen_fits_on_a_screen_and_the_report_tells_no_history():
     text = (DOCS / "results.md").read_text()
     first = text.split(report.END.format(name="summary"))[0]
     assert len(first.splitlines()) <= 40
-    assert "| a1 |" in first or "[a1](" in first  # the claims table is on it
+    assert "[a1](" in first  # the claims table is on it
+    # what a reader sees (links' targets and emphasis do not show): a table row short enough to stay on about one
+    # rendered line, and prose of about a dozen lines
+    lines = [re.sub(r"\]\([^)]*\)|\*\*|\[|`", "", line) for line in first.splitlines()]
+    rows = [line for line in lines if line.startswith("| ")]
+    assert len(rows) > 20 and max(sum(len(cell.strip()) for cell in row.split("|")) for row in rows) <= 110
+    prose = [line for line in lines if line and not line.startswith(("|", "<!--", "#"))]
+    assert sum(len(line) for line in prose) <= 1600
     pages = [text, *(p.read_text() for p in (DOCS / report.PAGES).glob("*.md"))]
     # no history, and no path of a machine (an absolute home, root, tmp or work folder)
     history = re.compile(r"\bissue \d|\bstop \d|\bwas\b.*\bnow\b|(?<![\w.])/(?:home|root|tmp|work|Users)/")
@@ -163,3 +171,17 @@ def test_a_row_at_the_tuned_rate_names_the_rate_and_its_missing_runs():
     assert report.ours(done) == "at lr 3e-3: a 0.800 · b 0.750"
     title, series, _ = report.claim_series(done, records(*sweep, at("a-lr3e-3", 0.8, 3e-3), at("b-lr3e-3", 0.75, 3e-3)))
     assert [s.label for s in series] == ["a", "b"]
+
+
+def test_a_claim_at_a_glance_shows_the_comparator_it_fares_worst_with():
+    from tests.unit.test_claims import flat, records
+
+    recs = records(*(flat(m, s, level) for m, level in (("a", 0.8), ("b", 0.7), ("c", 0.9)) for s in range(2)))
+    judged = claims.judge(claims.Claim("x", "a beats b and c", "—", "cmp", "a", ("b", "c")), recs)
+    assert report.worst(judged).against == "c" and judged.verdict == claims.FAILS
+    assert report.glance(judged, report.worst(judged)) == "0.800 ± 0.000 vs c 0.900 ± 0.000"
+    row = report.glance_table([judged]).splitlines()[-1]
+    assert row.startswith("| [x](report/figures/x.png) a beats b and c | — | 0.800 ± 0.000 vs c 0.900 ± 0.000 | 2 · ")
+    assert row.endswith("| **does\u00a0not** |")
+    page = report.claims_page([judged])
+    assert "(figures/x.png)" in page and "| b ✓✓ · c ✗✗ |" in page  # in full: every comparator, seed by seed
