@@ -183,5 +183,5 @@ def test_a_claim_at_a_glance_shows_the_comparator_it_fares_worst_with():
     row = report.glance_table([judged]).splitlines()[-1]
     assert row.startswith("| [x](report/figures/x.png) a beats b and c | — | 0.800 ± 0.000 vs c 0.900 ± 0.000 | 2 · ")
     assert row.endswith("| **does\u00a0not** |")
-    page = report.claims_page([judged])
+    page = report.claims_page([judged], [])
     assert "(figures/x.png)" in page and "| b ✓✓ · c ✗✗ |" in page  # in full: every comparator, seed by seed

@@ -508,7 +508,7 @@ BEYOND = (
     Claim("d13", "↳ than uniform weights", "—", TWEETS, "fedat-delta-decay", ("fedat-uniform",)),
     Claim(
         "d14",
-        "at FedAvg's tuned rate: more accurate than FedAT, the appendix's rule, TiFL, FedAsync all at once",
+        "at FedAvg's best lr: beats FedAT, appendix rule, TiFL, FedAsync (all)",
         "—",
         PAPER,
         "fedat-delta-decay",
