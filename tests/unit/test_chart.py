@@ -673,18 +673,34 @@ def test_network_policies_allow_only_dns_broker_and_scraping(values):
         if name in ("fedat-upgrade-check-netpol", "fedat-test-netpol"):
             expected |= {(port, "TCP") for port in metrics_ports}
             scrape = spec["egress"][2]
-            assert scrape["to"] == [{"podSelector": {"matchLabels": {
-                "app.kubernetes.io/name": "fedat", "app.kubernetes.io/instance": RELEASE}}}]  # this release only
+            assert scrape["to"] == [
+                {
+                    "podSelector": {
+                        "matchLabels": {"app.kubernetes.io/name": "fedat", "app.kubernetes.io/instance": RELEASE}
+                    }
+                }
+            ]  # this release only
         assert ports == expected, name
         if name == "fedat-services-netpol":
             assert {pt["port"] for r in spec["ingress"] for pt in r["ports"]} == {"metrics"}
             froms = [r["from"] for r in spec["ingress"]]
             wanted = [m["networkPolicy"]["metricsFrom"]] if m["networkPolicy"]["metricsFrom"] else []
             if readers:
-                wanted.append([{"podSelector": {
-                    "matchLabels": {"app.kubernetes.io/name": "fedat", "app.kubernetes.io/instance": RELEASE},
-                    "matchExpressions": [{"key": "app.kubernetes.io/component", "operator": "In", "values": readers}],
-                }}])
+                wanted.append(
+                    [
+                        {
+                            "podSelector": {
+                                "matchLabels": {
+                                    "app.kubernetes.io/name": "fedat",
+                                    "app.kubernetes.io/instance": RELEASE,
+                                },
+                                "matchExpressions": [
+                                    {"key": "app.kubernetes.io/component", "operator": "In", "values": readers}
+                                ],
+                            }
+                        }
+                    ]
+                )
             assert froms == wanted
             assert sorted(spec["podSelector"]["matchExpressions"][0]["values"]) == sorted(services)
         else:

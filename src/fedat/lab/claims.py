@@ -414,9 +414,7 @@ CLAIMS = (
         relative=True,
     ),
     Claim("w3", "↳ device regime", WEIGHTING, DEVICE, "fedat", ("fedat-uniform",), relative=True),
-    Claim(
-        "w4", "↳ device regime, appendix step", WEIGHTING, DEVICE, "fedat-step", ("fedat-uniform",), relative=True
-    ),
+    Claim("w4", "↳ device regime, appendix step", WEIGHTING, DEVICE, "fedat-step", ("fedat-uniform",), relative=True),
     Claim("w5", "↳ tweets", WEIGHTING, TWEETS, "fedat", ("fedat-uniform",), relative=True),
     Claim(
         "w6",

@@ -197,8 +197,8 @@ def glance_legend() -> str:
         "*Ours*: mean ± std over the seeds of best accuracy, or of the claim's measure, against the comparator the "
         "claim fares worst with, both cut to the longest virtual budget they share (*seeds · min*). **holds**: every "
         "seed won against every comparator; **does not hold**: every seed lost against one; **partly**: anything "
-        f"else; {RISING}: a curve still rises more than {cl.FLAT_RISE:g} a quarter at that budget. Every comparator, the "
-        f"per-seed scores and the longer runs: [the claims in full]({PAGES}/{CLAIMS_PAGE}); "
+        f"else; {RISING}: a curve still rises more than {cl.FLAT_RISE:g} a quarter at that budget. Every comparator, "
+        f"the per-seed scores and the longer runs: [the claims in full]({PAGES}/{CLAIMS_PAGE}); "
         "[how a verdict is reached](#how-a-verdict-is-reached)."
     )
 
