@@ -100,7 +100,7 @@ def test_a_simulated_comparison_leaves_a_record_per_run_resumes_and_tabulates(tm
     third = fedat("compare", "other.yaml", *args[2:], cwd=tmp_path)
     assert third.returncode == 0, third.stderr[-3000:]
     assert "k3 seed 0: the same run as tiny-cmp/fedat/seed-0" in third.stdout
-    assert "1 runs of 0.5 virtual min" in third.stdout  # only k2 ran
+    assert "1 run of 0.5 virtual min" in third.stdout  # only k2 ran
     assert len([d for d in (tmp_path / "runs").iterdir() if d.is_dir()]) == 4
     k3 = json.loads(sweep.record_path(sums, "tiny-other", "k3", 0).read_text())
     original = json.loads(sweep.record_path(sums, "tiny-cmp", "fedat", 0).read_text())

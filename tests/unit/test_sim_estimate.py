@@ -67,21 +67,30 @@ def test_an_estimate_lists_the_runs_without_a_record_and_adds_them_up(tmp_path, 
     comparison = {
         "name": "tiny-cmp",
         "base": "tiny.yaml",
-        "simulate": {"virtual_minutes": 1, "seeds": [0, 1]},
+        "simulate": {"virtual_minutes": 1, "seeds": [0, 1], "method_minutes": {"fedavg": 2}},
         "methods": {"fedat": {}, "fedavg": {"num_tiers": 1}},
     }
     (tmp_path / "cmp.yaml").write_text(yaml.safe_dump(comparison))
     done = tmp_path / "sums" / "tiny-cmp" / "fedat" / "seed-0.json"
     done.parent.mkdir(parents=True)
     done.write_text(json.dumps({"method": "fedat", "seed": 0, "virtual_minutes": 1, "settings": {}}))
+    short = tmp_path / "sums" / "tiny-cmp" / "fedavg" / "seed-1.json"  # fedavg runs 2 minutes: 1 is not done
+    short.parent.mkdir(parents=True)
+    short.write_text(json.dumps({"method": "fedavg", "seed": 1, "virtual_minutes": 1, "settings": {}}))
     probed = []
     monkeypatch.setattr(estimate, "probe", lambda exp: probed.append(exp.name) or estimate.Costs(0.01, 2.0))
     table = estimate_simulated(tmp_path / "cmp.yaml", tmp_path / "sums", jobs=2)
     rows = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith(("| fedat ", "| fedavg "))]
-    assert [(r[0].strip(), int(r[1])) for r in rows] == [("fedavg", 0), ("fedat", 1), ("fedavg", 1)]
+    assert [(r[0].strip(), int(r[1]), float(r[2])) for r in rows] == [
+        ("fedavg", 0, 2),
+        ("fedat", 1, 1),
+        ("fedavg", 1, 2),
+    ]
     assert probed == ["tiny-cmp-fedavg"]  # one workload, one probe
-    assert all(int(r[2].replace(",", "")) > 0 and r[5].strip().endswith(" s") for r in rows), rows
-    assert "3 runs of 1 virtual min" in table and "| **all** |" in table and "2 at a time" in table
+    assert all(int(r[3].replace(",", "")) > 0 and r[6].strip().endswith(" s") for r in rows), rows
+    assert "3 runs of 1–2 virtual min" in table and "| **all** |" in table and "2 at a time" in table
+    one = estimate_simulated(tmp_path / "cmp.yaml", tmp_path / "sums", (1,), 2, 1.0)  # every run 1 minute
+    assert "1 run of 1 virtual min" in one and "| fedavg " not in one  # fedavg seed 1's 1-minute record now counts
     pooled = estimate_simulated(tmp_path / "cmp.yaml", tmp_path / "sums", jobs=2, processes=3)
     assert "each training in 3 processes" in pooled
 

@@ -191,7 +191,15 @@ def test_the_simulate_section_of_a_comparison_file_is_read_and_checked(tmp_path)
     assert simulation_plan(cmp) == sweep_plan(3.0, (7,), ())
     cmp.write_text(cmp.read_text() + "simulate: {virtual_minutes: 40, seeds: [0, 1, 2], single_seed: [fedbuff]}\n")
     assert simulation_plan(cmp) == sweep_plan(40.0, (0, 1, 2), ("fedbuff",))
-    cmp.write_text(cmp.read_text().replace("[fedbuff]", "[fedbuf]"))
+    longer = cmp.read_text().replace("single_seed", "method_minutes: {fedat: 90}, single_seed")
+    cmp.write_text(longer)
+    plan = simulation_plan(cmp)
+    assert plan.minutes_for("fedat") == 90.0 and plan.minutes_for("fedbuff") == 40.0
+    for wrong, match in (("{fedat: 0}", "positive"), ("{fedat: x}", "positive"), ("{fedatt: 9}", "known methods")):
+        cmp.write_text(longer.replace("{fedat: 90}", wrong))
+        with pytest.raises(ValueError, match=match):
+            simulation_plan(cmp)
+    cmp.write_text(longer.replace("[fedbuff]", "[fedbuf]"))
     with pytest.raises(ValueError, match="unknown method"):
         simulation_plan(cmp)
 

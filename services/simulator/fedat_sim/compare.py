@@ -15,7 +15,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import CancelledError, ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from multiprocessing.synchronize import Event
@@ -26,13 +26,13 @@ from fedat.lab import sweep
 from fedat.lab.compare_run import load_comparison, simulation_plan
 
 
-def _done(summaries: Path, name: str, minutes: float) -> set[tuple[str, int]]:
-    """(method, seed) of the records already there for this comparison that ran at least `minutes` (a longer run
-    holds every shorter budget's run: `fedat.lab.sweep.truncated`)."""
+def _done(summaries: Path, name: str, minutes_for: Callable[[str], float]) -> set[tuple[str, int]]:
+    """(method, seed) of the records already there for this comparison that ran at least the method's minutes (a
+    longer run holds every shorter budget's run: `fedat.lab.sweep.truncated`)."""
     done = set()
     for path in (summaries / name).glob("*/seed-*.json"):
         rec = json.loads(path.read_text())
-        if float(rec["virtual_minutes"]) >= minutes - 1e-9:
+        if float(rec["virtual_minutes"]) >= minutes_for(rec["method"]) - 1e-9:
             done.add((rec["method"], int(rec["seed"])))
     return done
 
@@ -147,18 +147,27 @@ def _pending(
     seeds: tuple[int, ...] | None,
     virtual_minutes: float | None,
     methods_only: tuple[str, ...],
-) -> tuple[str, float, list[tuple[str, int]], dict[str, Experiment]]:
-    """The comparison's name, the virtual minutes a run gets, the (method, seed) runs with no record that long, and
-    each method's experiment."""
+) -> tuple[str, list[tuple[str, int, float]], dict[str, Experiment], float]:
+    """The comparison's name, the (method, seed, virtual minutes) runs with no record that long, and each method's
+    experiment, and the minutes a run gets unless its method names others. A run gets its method's minutes from the
+    file's `simulate:` section, or `virtual_minutes` if given."""
     name, _, _, exps = load_comparison(path)
     plan = simulation_plan(path)
-    minutes = plan.virtual_minutes if virtual_minutes is None else virtual_minutes
+    minutes_for = plan.minutes_for if virtual_minutes is None else lambda _: virtual_minutes
     methods = [e.name.removeprefix(f"{name}-") for e in exps]
     if set(methods_only) - set(methods):
         raise ValueError(f"{path}: no method(s) {sorted(set(methods_only) - set(methods))}; methods: {methods}")
     chosen = [m for m in methods if not methods_only or m in methods_only]
-    todo = sweep.pending(chosen, seeds or plan.seeds, plan.single_seed, _done(summaries, name, minutes))
-    return name, minutes, todo, dict(zip(methods, exps, strict=True))
+    todo = sweep.pending(chosen, seeds or plan.seeds, plan.single_seed, _done(summaries, name, minutes_for))
+    common = plan.virtual_minutes if virtual_minutes is None else virtual_minutes
+    return name, [(m, s, minutes_for(m)) for m, s in todo], dict(zip(methods, exps, strict=True)), common
+
+
+def _budgets(todo: Sequence[tuple[str, int, float]], common: float) -> str:
+    """'1 run of 30 virtual min', '5 runs of 30–60 virtual min' ('0 runs of `common` virtual min')."""
+    low, high = min((t[2] for t in todo), default=common), max((t[2] for t in todo), default=common)
+    runs = f"{len(todo)} run{'' if len(todo) == 1 else 's'}"
+    return f"{runs} of {low:g}{f'–{high:g}' if high > low else ''} virtual min"
 
 
 def estimate_simulated(
@@ -174,13 +183,13 @@ def estimate_simulated(
     The wall time assumes `jobs` runs at once, each training in `processes` processes."""
     from fedat_sim import estimate
 
-    name, minutes, todo, by_method = _pending(path, summaries, seeds, virtual_minutes, methods_only)
+    name, todo, by_method, common = _pending(path, summaries, seeds, virtual_minutes, methods_only)
     costs: dict[tuple[str, ...], estimate.Costs] = {}
     rows, total = [], 0.0
-    for m, s in todo:
+    for m, s, minutes in todo:
         exp = by_method[m]
         if sweep.same_run(summaries, {**exp.settings, "seed": s}, minutes) is not None:
-            rows.append(f"| {m} | {s} | the same run as another comparison's record | | | none |")
+            rows.append(f"| {m} | {s} | {minutes:g} | the same run as another comparison's record | | | none |")
             continue
         workload = estimate.workload_key(exp)
         if workload not in costs:
@@ -189,20 +198,22 @@ def estimate_simulated(
         sched = estimate.schedule(exp, s, minutes, c.step)
         cpu = estimate.cpu_seconds(sched, c)
         total += cpu
-        rows.append(f"| {m} | {s} | {sched.trainings:,} | {sched.steps:,} | {sched.evaluations} | {_duration(cpu)} |")
+        counts = f"{sched.trainings:,} | {sched.steps:,} | {sched.evaluations}"
+        rows.append(f"| {m} | {s} | {minutes:g} | {counts} | {_duration(cpu)} |")
         print(f"[fedat compare --simulate --estimate] {m} seed {s}: {_duration(cpu)} of CPU", flush=True)
     probed = "; ".join(
         f"a mini-batch step {c.step * 1e3:.2f} ms, an evaluation {c.evaluation:.2f} s" for c in costs.values()
     )
     head = (
-        f"{name}: {len(todo)} runs of {minutes:g} virtual min to do on {sweep.this_cpu()}"
+        f"{name}: {_budgets(todo, common)} to do on {sweep.this_cpu()}"
         + (f" (CPU here: {probed})" if probed else "")
-        + "\n\n| method | seed | trainings | mini-batch steps | evaluations | CPU |\n|---|---:|---:|---:|---:|---:|\n"
+        + "\n\n| method | seed | virtual min | trainings | mini-batch steps | evaluations | CPU |\n"
+        + "|---|---:|---:|---:|---:|---:|---:|\n"
     )
     at_once = max(1, min(jobs, len(todo)))
     each = "each on a core of its own" if processes <= 1 else f"each training in {processes} processes"
     foot = (
-        f"\n| **all** | | | | | **{_duration(total)}** |\n\n{at_once} at a time, {each}: at least "
+        f"\n| **all** | | | | | | **{_duration(total)}** |\n\n{at_once} at a time, {each}: at least "
         f"{_duration(total / (at_once * max(1, processes)))} of wall time on as many cores (the services' own work, a "
         "few per cent, is not counted)."
     )
@@ -222,14 +233,12 @@ def compare_simulated(
 ) -> str:
     """Run the comparison's missing (method, seed) runs, `jobs` at a time, each training in `processes` processes;
     write and return its tables."""
-    name, minutes, todo, _ = _pending(path, summaries, seeds, virtual_minutes, methods_only)
-    for m, s in list(todo):
+    name, todo, _, common = _pending(path, summaries, seeds, virtual_minutes, methods_only)
+    for m, s, minutes in list(todo):
         if (rec := reuse(path, summaries, m, s, minutes)) is not None:
-            todo.remove((m, s))
+            todo.remove((m, s, minutes))
             print(f"[fedat compare --simulate] {m} seed {s}: the same run as {rec['reused_from']}", flush=True)
-    print(
-        f"[fedat compare --simulate] {name}: {len(todo)} runs of {minutes:g} virtual min, {jobs} at a time", flush=True
-    )
+    print(f"[fedat compare --simulate] {name}: {_budgets(todo, common)}, {jobs} at a time", flush=True)
     results.mkdir(parents=True, exist_ok=True)
     # spawn, one run per process: TensorFlow is not fork-safe, and a fresh process frees a run's memory
     ctx = get_context("spawn")
@@ -238,8 +247,8 @@ def compare_simulated(
         jobs, mp_context=ctx, max_tasks_per_child=1, initializer=_pool_process, initargs=(stopping,)
     ) as pool:
         futures = {
-            pool.submit(run_one, path, m, s, minutes, results, summaries, progress_every, processes): (m, s)
-            for m, s in todo
+            pool.submit(run_one, path, m, s, minutes, results, summaries, progress_every, processes): (m, s, minutes)
+            for m, s, minutes in todo
         }
 
         received: list[int] = []
@@ -262,7 +271,7 @@ def compare_simulated(
                         "early and file their records; no other run starts",
                         flush=True,
                     )
-                m, s = futures[f]
+                m, s, minutes = futures[f]
                 try:
                     rec = f.result()
                 except CancelledError:
@@ -276,7 +285,7 @@ def compare_simulated(
                 signal.signal(sig, handler)
     if unstarted:
         print(f"[fedat compare --simulate] stopped: {unstarted} runs not started", flush=True)
-    md = f"# {name}, simulated\n\n" + sweep.render(summaries, only=name, minutes=minutes)
+    md = f"# {name}, simulated\n\n" + sweep.render(summaries, only=name, minutes=common)
     (results / f"{name}-sim.md").write_text(md + "\n")
     return md
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
@@ -36,27 +37,43 @@ def load_comparison(path: Path) -> tuple[str, float, list[float], list[Experimen
 
 @dataclass(frozen=True)
 class SimulationPlan:
-    """A comparison file's `simulate:` section: virtual minutes per run, seeds, and the methods run on one seed."""
+    """A comparison file's `simulate:` section: virtual minutes per run, seeds, the methods run on one seed, and the
+    methods that run longer or shorter than the rest (a curve that needs longer to flatten, say)."""
 
     virtual_minutes: float
     seeds: tuple[int, ...]
     single_seed: tuple[str, ...] = ()
+    method_minutes: Mapping[str, float] = field(default_factory=dict)
+
+    def minutes_for(self, method: str) -> float:
+        """The virtual minutes a run of `method` gets."""
+        return self.method_minutes.get(method, self.virtual_minutes)
+
+
+SIMULATE_KEYS = ("virtual_minutes", "seeds", "single_seed", "method_minutes")
 
 
 def simulation_plan(path: Path) -> SimulationPlan:
     """The `simulate:` section of a comparison file (default: its minutes, its seed, every method)."""
     raw = yaml.safe_load(path.read_text())
     sim = raw.get("simulate") or {}
-    unknown = sorted(set(sim) - {"virtual_minutes", "seeds", "single_seed"})
+    unknown = sorted(set(sim) - set(SIMULATE_KEYS))
     if unknown:
-        raise ValueError(f"{path}: unknown key(s) {unknown} in 'simulate' (virtual_minutes, seeds, single_seed)")
+        raise ValueError(f"{path}: unknown key(s) {unknown} in 'simulate' ({', '.join(SIMULATE_KEYS)})")
     _, minutes, _, exps = load_comparison(path)
     methods = [e.name.removeprefix(f"{raw.get('name', path.stem)}-") for e in exps]
     single = tuple(str(m) for m in sim.get("single_seed", ()))
     if set(single) - set(methods):
         raise ValueError(f"{path}: simulate.single_seed names unknown method(s) {sorted(set(single) - set(methods))}")
+    longer = sim.get("method_minutes") or {}
+    if not isinstance(longer, dict) or set(longer) - set(methods):
+        raise ValueError(f"{path}: simulate.method_minutes must map known methods to minutes, not {longer!r}")
+    bad = {m: v for m, v in longer.items() if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0}
+    if bad:
+        raise ValueError(f"{path}: simulate.method_minutes: minutes must be positive numbers, not {bad}")
     seeds = tuple(int(s) for s in sim.get("seeds", [exps[0].settings.get("seed", 0)]))
-    return SimulationPlan(float(sim.get("virtual_minutes", minutes)), seeds, single)
+    per_method = {str(m): float(v) for m, v in longer.items()}
+    return SimulationPlan(float(sim.get("virtual_minutes", minutes)), seeds, single, per_method)
 
 
 def curve(run_dir: Path) -> list[tuple[float, float, int, int]]:
