@@ -26,7 +26,8 @@ MARKS = {cl.HOLDS: "✓", cl.FAILS: "✗", cl.PARTLY: "~"}
 SCORE_MARKS = {1: "✓", -1: "✗", 0: "~"}
 RISING = "↗"
 PAPER_ROWS = (
-    " The tweets rows (a 3-class stand-in for Sentiment140), participation, precision and tier sizes run in it too."
+    " Tweets (a 3-class stand-in for Sentiment140), participation, polyline precision (p3–p6) and tier sizes run in it"
+    " too."
 )
 # The accuracy a claim's figure counts MB to, when the claim names none: one each comparison's methods all reach.
 FIGURE_TARGET = {
@@ -175,19 +176,19 @@ def regime(
     rounds = [sweep.truncated(r, budget)["summary"]["tier_rounds"] for r in fedat]
     first, last = (sum(r[i] for r in rounds) / len(rounds) for i in (0, -1))
     latency = (
-        f"a step takes {step * lo:.2g}–{step * hi:.2g} s, each round waits out the paper's delay groups"
+        f"steps of {step * lo:.2g}–{step * hi:.2g} s and the paper's delay groups"
         f"{f' × {scale:g}' if scale != 1 else ''} ({groups} s)"
     )
-    tiers = f"tier 1 ran {first / last:.1f}× as many rounds as tier 5 in {budget:g} virtual min"
+    tiers = f"tier 1 ran {first / last:.1f}× tier 5's rounds in {budget:g} min"
     scored = f"Scored every {s.get('eval_interval', 0):g} s"
     scored += " on a fixed grid" if s.get("eval_anchor") == "grid" else ""
     if like:
-        return f"**{title}** (`{comparison}`): as {like}, but {latency}: {tiers}. {scored}."
+        return f"**{title}** (`{comparison}`): as {like}, with {latency}: {tiers}. {scored}."
     return (
-        f"**{title}** (`{comparison}`): FMNIST #2 ({s['num_clients']} clients, {s['classes_per_client']} classes "
-        f"each), the paper's CNN, Adam at {s['learning_rate']:g}, E = {s['epochs']}, batch {s['batch_size']}, "
-        f"λ = {s['prox_lambda']:g}, {s['num_tiers']} tiers of {s['clients_per_round']} clients a round, "
-        f"{s.get('unstable_clients', 0)} clients dropping out; {latency}: {tiers}. {scored}.{more}"
+        f"**{title}** (`{comparison}`): FMNIST #2 over {s['num_clients']} clients, {s['classes_per_client']} classes "
+        f"each; the paper's CNN, Adam {s['learning_rate']:g}, E = {s['epochs']}, batch {s['batch_size']}, "
+        f"λ = {s['prox_lambda']:g}; {s['num_tiers']} tiers of {s['clients_per_round']} a round, "
+        f"{s.get('unstable_clients', 0)} drop-outs; {latency}: {tiers}. {scored}.{more}"
     )
 
 
@@ -246,7 +247,9 @@ def glance_table(judged: Sequence[cl.Judged], paper: bool = True) -> str:
             p = worst(j)
             budget = _budget(p) + (f" {RISING}" if not all(q.flat for q in j.pairs) else "")
             verdict = {cl.HOLDS: "**holds**", cl.FAILS: "**does\u00a0not**"}.get(j.verdict, j.verdict)  # one line
-            cells = [f"[{c.key}]({FIGURES}/{c.key}.png) {c.says}", c.paper, glance(j, p), budget, verdict]
+            rate = f" ({_lr(p.records[1][0]['settings'].get('learning_rate')).removeprefix('lr ')})"
+            says = c.says + (rate if c.tuned or c.at_tuned_rate else "")
+            cells = [f"[{c.key}]({FIGURES}/{c.key}.png) {says}", c.paper, glance(j, p), budget, verdict]
         lines.append("| " + " | ".join(cells if paper else cells[:1] + cells[2:]) + " |")
     if not paper:
         lines[:2] = ["| claim | ours | seeds · min | verdict |", "|---|---|---|---|"]
@@ -278,9 +281,6 @@ def glance(j: cl.Judged, p: cl.Pair) -> str:
         text = f"{_relative_best(p)} vs {other.strip()}" if other else f"{_relative_best(p)} ({means})"
     else:
         text = f"{_best(p.subject)} vs {other}{_best(p.other)}"
-    lr = _lr(p.records[1][0]["settings"].get("learning_rate")).removeprefix("lr ")
-    if c.tuned or c.at_tuned_rate:
-        text += f" at {lr}"
     return text
 
 
