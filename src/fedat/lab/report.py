@@ -25,10 +25,7 @@ END = "<!-- end of generated {name} -->"
 MARKS = {cl.HOLDS: "✓", cl.FAILS: "✗", cl.PARTLY: "~"}
 SCORE_MARKS = {1: "✓", -1: "✗", 0: "~"}
 RISING = "↗"
-PAPER_ROWS = (
-    " Tweets (a 3-class stand-in for Sentiment140), participation, polyline precision (p3–p6) and tier sizes run in it"
-    " too."
-)
+PAPER_ROWS = " The tweets (a 3-class stand-in for Sentiment140), participation, p3–p6 and tier-size rows run in it too."
 # The accuracy a claim's figure counts MB to, when the claim names none: one each comparison's methods all reach.
 FIGURE_TARGET = {
     "compare-fmnist2-paper": 0.70,
