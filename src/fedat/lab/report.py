@@ -194,7 +194,7 @@ def glance_legend() -> str:
     return (
         "*Ours*: mean ± std over the seeds of best accuracy, or of the claim's measure, against the comparator the "
         "claim fares worst with, both cut to the longest virtual budget they share (*seeds · min*). **holds**: every "
-        "seed won against every comparator; **does not hold**: every seed lost against one; **partly**: anything "
+        "seed won against every comparator; **does not** hold: every seed lost against one; **partly**: anything "
         f"else; {RISING}: a curve still rises more than {cl.FLAT_RISE:g} a quarter at that budget. Every comparator, "
         f"the per-seed scores and the longer runs: [the claims in full]({PAGES}/{CLAIMS_PAGE}); "
         "[how a verdict is reached](#how-a-verdict-is-reached)."
@@ -259,26 +259,24 @@ def worst(j: cl.Judged) -> cl.Pair:
 
 
 def glance(j: cl.Judged, p: cl.Pair) -> str:
-    """The claim's subject against the comparator of pair `p`, in the claim's measure, in a few words (the claim
-    names the comparator unless it has several)."""
+    """The claim's subject against the comparator of pair `p`, in the claim's measure, in a few words (naming the
+    comparator only where the claim has several)."""
     c = j.claim
-    other = cl.label(p.against, c.labels).split(" (")[0].split(" lr ")[0] + " " if len(c.against) > 1 else ""
-    if c.tuned:
-        other = ""
+    other = cl.label(p.against, c.labels).split(" (")[0] if len(c.against) > 1 and not c.tuned else ""
     if c.rule == "lower-variance":
-        text = f"{cl.label(p.against, c.labels)}'s {_ratios(p)}× {cl.label(c.subject, c.labels)}'s"
-    elif c.rule in ("sooner", "cheaper", "cheaper-upload"):
+        return f"{cl.label(p.against, c.labels)}'s {_ratios(p)}× {cl.label(c.subject, c.labels)}'s"
+    if c.rule in ("sooner", "cheaper", "cheaper-upload"):
         index, unit = {"sooner": (0, "s"), "cheaper": (1, "MB"), "cheaper-upload": (2, "MB up")}[c.rule]
         if c.relative:
-            text = f"{_relative_reach(p, index)} vs {other.strip()}"
-        else:
-            text = f"{_reached(p.subject, index)} vs {other}{_reached(p.other, index)} {unit}"
-    elif c.relative:
-        means = f"{_mean(p.subject)} vs {_mean(p.other)}"
-        text = f"{_relative_best(p)} vs {other.strip()}" if other else f"{_relative_best(p)} ({means})"
-    else:
-        text = f"{_best(p.subject)} vs {other}{_best(p.other)}"
-    return text
+            return f"{_relative_reach(p, index)} vs {other}".strip()
+        return f"{_reached(p.subject, index)} vs {other} {_reached(p.other, index)} {unit}".replace("  ", " ")
+    if c.relative:
+        return (
+            f"{_relative_best(p)} vs {other}"
+            if other
+            else f"{_relative_best(p)} ({_mean(p.subject)} vs {_mean(p.other)})"
+        )
+    return f"{_best(p.subject)} vs {other} {_best(p.other)}".replace("  ", " ")
 
 
 def _mean(seeds: Sequence[cl.Seed]) -> str:
@@ -435,11 +433,6 @@ def _verdict(j: cl.Judged) -> str:
     v = j.verdict
     text = f"**{v}**" if v in (cl.HOLDS, cl.FAILS) else v
     return text + (f" {RISING}" if not all(p.flat for p in j.pairs) else "")
-
-
-def _seeds(recs: Sequence[dict]) -> str:
-    seeds = sorted(r["seed"] for r in recs)
-    return f"seed {seeds[0]}" if len(seeds) == 1 else f"{len(seeds)} seeds"
 
 
 # --- the rules, the comparisons' pages, the figures ----------------------------------------------------------------
