@@ -190,3 +190,14 @@ def test_a_claim_at_a_glance_shows_the_comparator_it_fares_worst_with():
     assert row.endswith("| **does\u00a0not** |")
     page = report.claims_page([judged], [])
     assert "(figures/x.png)" in page and "| b ✓✓ · c ✗✗ |" in page  # in full: every comparator, seed by seed
+
+
+def test_per_seed_scores_name_two_variants_of_one_method_in_full():
+    from tests.unit.test_claims import flat, records
+
+    levels = (("a", 0.8), ("fedasync", 0.9), ("fedasync-all", 0.7), ("b", 0.6))
+    recs = records(*(flat(m, 0, level) for m, level in levels))
+    judged = claims.judge(claims.Claim("x", "a beats both", "—", "cmp", "a", ("fedasync", "fedasync-all")), recs)
+    assert report._scores(judged) == "FedAsync (20 at once) ✗ · FedAsync (all at once) ✓"
+    other = claims.judge(claims.Claim("y", "a beats both", "—", "cmp", "a", ("fedasync", "b")), recs)
+    assert report._scores(other) == "FedAsync ✗ · b ✓"  # no clash: the short name

@@ -417,7 +417,10 @@ def _scores(j: cl.Judged) -> str:
     marks = {p.against: "".join(SCORE_MARKS[s] for s in p.scores) for p in j.pairs}
     if len(marks) == 1:
         return next(iter(marks.values()))
-    return " · ".join(f"{cl.label(m, j.claim.labels).split(' (')[0]} {s}" for m, s in marks.items())
+    short = {m: cl.label(m, j.claim.labels).split(" (")[0] for m in marks}
+    if len(set(short.values())) < len(short):  # two variants of one method: only their full names tell them apart
+        short = {m: cl.label(m, j.claim.labels) for m in marks}
+    return " · ".join(f"{short[m]} {s}" for m, s in marks.items())
 
 
 def _reach(j: cl.Judged) -> str:
