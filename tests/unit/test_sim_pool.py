@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 import json
+import multiprocessing
+import time
 from dataclasses import replace
 
 import pika
@@ -15,7 +17,7 @@ from fedat_sim.clock import Clock
 from fedat_sim.fakes import fake_parts
 from fedat_sim.memory import MemoryBroker
 from fedat_sim.pool import PoolTrainer
-from fedat_sim.simulate import simulate
+from fedat_sim.simulate import cpu_seconds, simulate
 
 from .test_sim_simulate import SMALL
 
@@ -110,3 +112,18 @@ def test_a_task_trained_twice_before_its_update_is_visible_is_finished_twice():
             pool.finish(3, 7)
     finally:
         pool.close()
+
+
+def _burn(seconds: float) -> None:
+    end = time.process_time() + seconds
+    while time.process_time() < end:
+        pass
+
+
+def test_a_runs_compute_counts_the_processes_it_trained_in_once_they_ended():
+    # a pooled run's record would otherwise show only its main process's CPU: a few per cent of what it cost
+    before = cpu_seconds()
+    child = multiprocessing.get_context("spawn").Process(target=_burn, args=(0.5,))
+    child.start()
+    child.join()
+    assert child.exitcode == 0 and cpu_seconds() - before >= 0.5

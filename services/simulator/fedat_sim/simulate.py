@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import resource
 import signal
 import threading
 import time
@@ -48,6 +49,12 @@ def stop_on_sigterm() -> Callable[[], bool]:
 def _experiment(experiment: Experiment | str | Path, seed: int | None) -> Experiment:
     exp = experiment if isinstance(experiment, Experiment) else load_experiment(experiment)
     return exp if seed is None else replace(exp, settings={**exp.settings, "seed": seed})
+
+
+def cpu_seconds() -> float:
+    """CPU seconds of this process and of its child processes that have ended (a pool's, once it is closed)."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
 
 
 def simulate(
@@ -106,7 +113,7 @@ def simulate(
             flush=True,
         )
     wall0 = time.perf_counter()  # for summary.json's wall_seconds only; the simulation never reads it
-    cpu0 = time.process_time()  # the compute a run cost, whatever else shared the machine
+    cpu0 = cpu_seconds()  # the compute a run cost, whatever else shared the machine
     env = exp.env()
     recipe = parts if callable(parts) else None
     if parts is None:
@@ -157,7 +164,7 @@ def simulate(
             "client_trainings": sum(n for k, n in trainings.items() if k != topology.PROFILE_KEY),
             "profile_trainings": trainings[topology.PROFILE_KEY],
             "events_run": clock.events_run,
-            "cpu_seconds": round(time.process_time() - cpu0, 1),
+            "cpu_seconds": round(cpu_seconds() - cpu0, 1),  # the pool's processes included: closed above
             **system.counts(),
         }
     )
