@@ -153,13 +153,13 @@ def _pending(
     file's `simulate:` section, or `virtual_minutes` if given."""
     name, _, _, exps = load_comparison(path)
     plan = simulation_plan(path)
-    minutes_for = plan.minutes_for if virtual_minutes is None else lambda _: virtual_minutes
+    common = plan.virtual_minutes if virtual_minutes is None else virtual_minutes
+    minutes_for = plan.minutes_for if virtual_minutes is None else lambda _: common
     methods = [e.name.removeprefix(f"{name}-") for e in exps]
     if set(methods_only) - set(methods):
         raise ValueError(f"{path}: no method(s) {sorted(set(methods_only) - set(methods))}; methods: {methods}")
     chosen = [m for m in methods if not methods_only or m in methods_only]
     todo = sweep.pending(chosen, seeds or plan.seeds, plan.single_seed, _done(summaries, name, minutes_for))
-    common = plan.virtual_minutes if virtual_minutes is None else virtual_minutes
     return name, [(m, s, minutes_for(m)) for m, s in todo], dict(zip(methods, exps, strict=True)), common
 
 
