@@ -426,7 +426,7 @@ def _scores(j: cl.Judged) -> str:
 def _reach(j: cl.Judged) -> str:
     seen: list[str] = []
     for p in j.pairs:
-        text = f"{len(p.scores)} · {p.budget:g}"
+        text = _budget(p)
         if text not in seen:
             seen.append(text)
     return ", ".join(seen)
