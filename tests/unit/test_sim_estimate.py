@@ -98,3 +98,10 @@ def test_an_estimate_lists_the_runs_without_a_record_and_adds_them_up(tmp_path, 
         return float(text.split("at least ")[1].split(" s of wall time")[0])
 
     assert abs(wall(pooled) - wall(table) / 3) <= 1  # 2 runs at once, each on 3 cores
+
+    comparison["simulate"]["methods"] = ["fedat"]  # the file's sweep leaves fedavg out ...
+    (tmp_path / "cmp.yaml").write_text(yaml.safe_dump(comparison))
+    swept = estimate_simulated(tmp_path / "cmp.yaml", tmp_path / "sums", jobs=2)
+    assert "1 run of 1 virtual min" in swept and "| fedat " in swept and "| fedavg " not in swept
+    named = estimate_simulated(tmp_path / "cmp.yaml", tmp_path / "sums", jobs=2, methods_only=("fedavg",))
+    assert "2 runs of 2 virtual min" in named  # ... unless the command line names it

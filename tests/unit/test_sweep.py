@@ -202,6 +202,13 @@ def test_the_simulate_section_of_a_comparison_file_is_read_and_checked(tmp_path)
     cmp.write_text(longer.replace("[fedbuff]", "[fedbuf]"))
     with pytest.raises(ValueError, match="unknown method"):
         simulation_plan(cmp)
+    assert plan.swept("fedbuff") and plan.methods == ()  # no list: every method
+    cmp.write_text(longer.replace("single_seed", "methods: [fedat], single_seed"))
+    plan = simulation_plan(cmp)
+    assert plan.swept("fedat") and not plan.swept("fedbuff")
+    cmp.write_text(longer.replace("single_seed", "methods: [fedatt], single_seed"))
+    with pytest.raises(ValueError, match=r"simulate.methods names unknown method\(s\) \['fedatt'\]"):
+        simulation_plan(cmp)
 
 
 def sweep_plan(minutes: float, seeds: tuple[int, ...], single: tuple[str, ...]):

@@ -150,7 +150,7 @@ def _pending(
 ) -> tuple[str, list[tuple[str, int, float]], dict[str, Experiment], float]:
     """The comparison's name, the (method, seed, virtual minutes) runs with no record that long, and each method's
     experiment, and the minutes a run gets unless its method names others. A run gets its method's minutes from the
-    file's `simulate:` section, or `virtual_minutes` if given."""
+    file's `simulate:` section, or `virtual_minutes` if given; the methods are those named, else the section's."""
     name, _, _, exps = load_comparison(path)
     plan = simulation_plan(path)
     common = plan.virtual_minutes if virtual_minutes is None else virtual_minutes
@@ -158,7 +158,8 @@ def _pending(
     methods = [e.name.removeprefix(f"{name}-") for e in exps]
     if set(methods_only) - set(methods):
         raise ValueError(f"{path}: no method(s) {sorted(set(methods_only) - set(methods))}; methods: {methods}")
-    chosen = [m for m in methods if not methods_only or m in methods_only]
+    # Methods named on the command line run even where the file's plan leaves them out.
+    chosen = [m for m in methods if m in methods_only or (not methods_only and plan.swept(m))]
     todo = sweep.pending(chosen, seeds or plan.seeds, plan.single_seed, _done(summaries, name, minutes_for))
     return name, [(m, s, minutes_for(m)) for m, s in todo], dict(zip(methods, exps, strict=True)), common
 

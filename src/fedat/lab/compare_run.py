@@ -37,20 +37,26 @@ def load_comparison(path: Path) -> tuple[str, float, list[float], list[Experimen
 
 @dataclass(frozen=True)
 class SimulationPlan:
-    """A comparison file's `simulate:` section: virtual minutes per run, seeds, the methods run on one seed, and the
-    methods that run longer or shorter than the rest (a curve that needs longer to flatten, say)."""
+    """A comparison file's `simulate:` section: virtual minutes per run, seeds, the methods run on one seed, the
+    methods that run longer or shorter than the rest (a curve that needs longer to flatten, say), and the methods the
+    sweep runs (empty: every method of the file)."""
 
     virtual_minutes: float
     seeds: tuple[int, ...]
     single_seed: tuple[str, ...] = ()
     method_minutes: Mapping[str, float] = field(default_factory=dict)
+    methods: tuple[str, ...] = ()
 
     def minutes_for(self, method: str) -> float:
         """The virtual minutes a run of `method` gets."""
         return self.method_minutes.get(method, self.virtual_minutes)
 
+    def swept(self, method: str) -> bool:
+        """Whether the sweep runs `method` when no method is named on the command line."""
+        return not self.methods or method in self.methods
 
-SIMULATE_KEYS = ("virtual_minutes", "seeds", "single_seed", "method_minutes")
+
+SIMULATE_KEYS = ("virtual_minutes", "seeds", "single_seed", "method_minutes", "methods")
 
 
 def simulation_plan(path: Path) -> SimulationPlan:
@@ -65,6 +71,9 @@ def simulation_plan(path: Path) -> SimulationPlan:
     single = tuple(str(m) for m in sim.get("single_seed", ()))
     if set(single) - set(methods):
         raise ValueError(f"{path}: simulate.single_seed names unknown method(s) {sorted(set(single) - set(methods))}")
+    swept = tuple(str(m) for m in sim.get("methods") or ())
+    if set(swept) - set(methods):
+        raise ValueError(f"{path}: simulate.methods names unknown method(s) {sorted(set(swept) - set(methods))}")
     longer = sim.get("method_minutes") or {}
     if not isinstance(longer, dict) or set(longer) - set(methods):
         raise ValueError(f"{path}: simulate.method_minutes must map known methods to minutes, not {longer!r}")
@@ -73,7 +82,7 @@ def simulation_plan(path: Path) -> SimulationPlan:
         raise ValueError(f"{path}: simulate.method_minutes: minutes must be positive numbers, not {bad}")
     seeds = tuple(int(s) for s in sim.get("seeds", [exps[0].settings.get("seed", 0)]))
     per_method = {str(m): float(v) for m, v in longer.items()}
-    return SimulationPlan(float(sim.get("virtual_minutes", minutes)), seeds, single, per_method)
+    return SimulationPlan(float(sim.get("virtual_minutes", minutes)), seeds, single, per_method, swept)
 
 
 def curve(run_dir: Path) -> list[tuple[float, float, int, int]]:
