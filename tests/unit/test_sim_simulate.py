@@ -56,13 +56,15 @@ def test_a_simulation_writes_the_results_folder_of_fedat_run(tmp_path):
     assert summary["evaluations"] == len([e for e in events(run) if e["event"] == "evaluation"]) >= 12
 
 
-def test_the_same_experiment_and_seed_give_the_same_events_and_another_seed_does_not(tmp_path):
+def test_the_same_experiment_and_seed_give_the_same_events_signed_and_saved_or_not_and_another_seed_does_not(tmp_path):
     exp = Experiment("tiny", 2, 1, dict(SMALL))
     simulate(exp, tmp_path, 2, parts=fake_parts(8), tag="a")
     simulate(exp, tmp_path, 2, parts=fake_parts(8), tag="b")
     simulate(exp, tmp_path, 2, seed=1, parts=fake_parts(8), tag="c")
-    a, b, c = ((tmp_path / t / "events.jsonl").read_bytes() for t in "abc")
-    assert a == b and a != c
+    light = simulate(exp, tmp_path, 2, parts=fake_parts(8), tag="d", signed=False, durable=False)  # what counts do
+    a, b, c, d = ((tmp_path / t / "events.jsonl").read_bytes() for t in "abcd")
+    assert a == b and a != c and a == d
+    assert light["events_run"] == json.loads((tmp_path / "a" / "summary.json").read_text())["events_run"]
     assert json.loads((tmp_path / "c" / "experiment.json").read_text())["settings"]["seed"] == 1
 
 

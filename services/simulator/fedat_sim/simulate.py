@@ -71,6 +71,7 @@ def simulate(
     progress: Callable[[float], None] | None = None,
     plots: bool = True,
     processes: int = 1,
+    durable: bool = True,
 ) -> dict:
     """Run `experiment` for `virtual_minutes` (default: its `minutes`) of virtual time; return its summary.
 
@@ -81,6 +82,7 @@ def simulate(
     turns true, the run ends at the next whole STOP_GRAIN of virtual time and its folder is that shorter run's:
     everything up to then happened exactly as in the full run (the simulation is deterministic). `progress` is
     called with the virtual minutes done after every STOP_GRAIN. `plots=False` leaves out the figures.
+    `durable=False` saves no service state: the same run with less work, for a caller that only counts what it did.
     """
     exp = _experiment(experiment, seed)
     seed = int(exp.settings.get("seed", 0))
@@ -135,7 +137,8 @@ def simulate(
     state = RunState(started_at=clock.now)  # events.jsonl's clock starts with the profiling pass, as in fedat run
     failure = None
     with open(out / "events.jsonl", "w") as events:
-        system = System(exp, built, clock, broker, state, events, workers, secret_for(seed) if signed else None)
+        secret = secret_for(seed) if signed else None
+        system = System(exp, built, clock, broker, state, events, workers, secret, durable)
         try:
             system.start()
             end = clock.now + minutes * 60.0

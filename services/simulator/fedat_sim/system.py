@@ -60,8 +60,10 @@ class System:
         events: IO[str],
         workers: int = 1,
         secret: bytes | None = None,
+        durable: bool = True,
     ):
         self.exp, self.parts, self.clock, self.broker = exp, parts, clock, broker
+        self.durable = durable
         self.env = {**exp.env(), "FEDAT_SIGNING": "off"}  # keys are given per role below, not through files
         self.num_tiers = config.get_int(self.env, "FEDAT_NUM_TIERS", 5)
         self.secret = secret
@@ -104,7 +106,8 @@ class System:
         def observe(o: Observation, name: str = name) -> None:
             self.observed[(name.split("-")[0], o.name, o.tier)] += o.value
 
-        persist = BY_NAME[service.name].durable  # as its process does: a checkpoint before every effect
+        # as its process does: a checkpoint before every effect (a run that only counts its schedule can skip them)
+        persist = self.durable and BY_NAME[service.name].durable
         self.processes[name] = Process(name, service, self.broker, self.clock, cfg, persist, observe, configure)
 
     # --- life -----------------------------------------------------------------------------------------------
