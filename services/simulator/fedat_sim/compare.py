@@ -15,15 +15,20 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import CancelledError, ProcessPoolExecutor, as_completed
 from multiprocessing import get_context
 from multiprocessing.synchronize import Event
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fedat.deploy.experiment import Experiment
 from fedat.lab import sweep
 from fedat.lab.compare_run import load_comparison, simulation_plan
+
+if TYPE_CHECKING:
+    from fedat_sim import estimate
+    from fedat_sim.estimate import Schedule
 
 
 def _done(summaries: Path, name: str, minutes_for: Callable[[str], float]) -> set[tuple[str, int]]:
@@ -171,6 +176,22 @@ def _budgets(todo: Sequence[tuple[str, int, float]], common: float) -> str:
     return f"{runs} of {low:g}{f'–{high:g}' if high > low else ''} virtual min"
 
 
+Run = tuple[str, int, float, "estimate.Costs"]  # method, seed, virtual minutes, and what a step costs here
+
+
+def _schedules(by_method: dict[str, Experiment], runs: list[Run], jobs: int) -> Iterator[tuple[Run, Schedule]]:
+    """(run, its schedule) for each (method, seed, minutes, costs) run as it is counted, `jobs` at once."""
+    from fedat_sim import estimate
+
+    if jobs <= 1 or len(runs) <= 1:  # a process of its own would cost more than it saves
+        yield from ((r, estimate.schedule(by_method[r[0]], r[1], r[2], r[3].step)) for r in runs)
+        return
+    # each schedule is a simulation of its own: as many at once as the sweep would run
+    with ProcessPoolExecutor(min(jobs, len(runs)), mp_context=get_context("spawn")) as pool:
+        futures = {pool.submit(estimate.schedule, by_method[r[0]], r[1], r[2], r[3].step): r for r in runs}
+        yield from ((futures[f], f.result()) for f in as_completed(futures))
+
+
 def estimate_simulated(
     path: Path,
     summaries: Path,
@@ -186,21 +207,22 @@ def estimate_simulated(
 
     name, todo, by_method, common = _pending(path, summaries, seeds, virtual_minutes, methods_only)
     costs: dict[tuple[str, ...], estimate.Costs] = {}
-    rows, total = [], 0.0
+    rows, total = {}, 0.0
+    counted: list[Run] = []
     for m, s, minutes in todo:
         exp = by_method[m]
         if sweep.same_run(summaries, {**exp.settings, "seed": s}, minutes) is not None:
-            rows.append(f"| {m} | {s} | {minutes:g} | the same run as another comparison's record | | | none |")
+            rows[(m, s)] = f"| {m} | {s} | {minutes:g} | the same run as another comparison's record | | | none |"
             continue
         workload = estimate.workload_key(exp)
         if workload not in costs:
             costs[workload] = estimate.probe(exp)
-        c = costs[workload]
-        sched = estimate.schedule(exp, s, minutes, c.step)
+        counted.append((m, s, minutes, costs[workload]))
+    for (m, s, minutes, c), sched in _schedules(by_method, counted, jobs):
         cpu = estimate.cpu_seconds(sched, c)
         total += cpu
         counts = f"{sched.trainings:,} | {sched.steps:,} | {sched.evaluations}"
-        rows.append(f"| {m} | {s} | {minutes:g} | {counts} | {_duration(cpu)} |")
+        rows[(m, s)] = f"| {m} | {s} | {minutes:g} | {counts} | {_duration(cpu)} |"
         print(f"[fedat compare --simulate --estimate] {m} seed {s}: {_duration(cpu)} of CPU", flush=True)
     probed = "; ".join(
         f"a mini-batch step {c.step * 1e3:.2f} ms, an evaluation {c.evaluation:.2f} s" for c in costs.values()
@@ -218,7 +240,7 @@ def estimate_simulated(
         f"{_duration(total / (at_once * max(1, processes)))} of wall time on as many cores (the services' own work, a "
         "few per cent, is not counted)."
     )
-    return head + "\n".join(rows) + foot
+    return head + "\n".join(rows[(m, s)] for m, s, _ in todo) + foot
 
 
 def compare_simulated(
