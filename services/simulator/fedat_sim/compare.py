@@ -183,12 +183,16 @@ def _schedules(by_method: dict[str, Experiment], runs: list[Run], jobs: int) -> 
     """(run, its schedule) for each (method, seed, minutes, costs) run as it is counted, `jobs` at once."""
     from fedat_sim import estimate
 
+    def args(run: Run) -> tuple[Experiment, int, float, float]:
+        method, seed, minutes, costs = run
+        return by_method[method], seed, minutes, costs.step
+
     if jobs <= 1 or len(runs) <= 1:  # a process of its own would cost more than it saves
-        yield from ((r, estimate.schedule(by_method[r[0]], r[1], r[2], r[3].step)) for r in runs)
+        yield from ((r, estimate.schedule(*args(r))) for r in runs)
         return
     # each schedule is a simulation of its own: as many at once as the sweep would run
     with ProcessPoolExecutor(min(jobs, len(runs)), mp_context=get_context("spawn")) as pool:
-        futures = {pool.submit(estimate.schedule, by_method[r[0]], r[1], r[2], r[3].step): r for r in runs}
+        futures = {pool.submit(estimate.schedule, *args(r)): r for r in runs}
         yield from ((futures[f], f.result()) for f in as_completed(futures))
 
 
