@@ -240,6 +240,53 @@ def test_a_killed_aggregator_restores_its_journalled_state_and_makes_the_same_ve
     assert all(g.layers == expected[g.id] for g in got)  # a re-sent version is the same version
 
 
+def test_an_aso_fed_state_larger_than_a_message_is_kept_in_parts_and_a_new_process_goes_on_from_it(vhost_url):
+    """ASO-Fed keeps a model per client heard from: past the message limit its checkpoints go as parts, in the two
+    journal queues in turn, every message within the limit, and a new process restores the state and makes exactly
+    the versions an undisturbed one makes."""
+    rng = np.random.default_rng(2)
+    shapes, names = [(40, 30), (30,)], ["w", "b"]
+    limit = 40_000  # about eight models of 4.9 kB
+    w0 = [rng.normal(0, 0.05, s).astype(np.float32) for s in shapes]
+    models = [[(w + rng.normal(0, 0.01, w.shape)).astype(np.float32) for w in w0] for _ in range(40)]
+    tms = [  # forty clients, one at a time: forty copies
+        TierModel(f"tm1-r{k}", 1, k, k - 1, 10, (k,), 0, 0, 0, 0.0, encode_model(m, names, "raw"))
+        for k, m in enumerate(models, start=1)
+    ]
+
+    def aso_fed() -> Aggregator:
+        return Aggregator(AggregatorConfig(num_tiers=1, codec="raw"), build_strategy("aso-fed"))
+
+    twin, expected = aso_fed(), {}
+    g0 = seed_model(w0, names, 1, "raw", 4, 0.0)
+    state, _ = twin.on_global(twin.initial(), Inbound("q", g0, 0, False, 0, 0.0), 0.0, {})
+    for tm in tms:
+        state, fx = twin.on_tier_model(state, Inbound("q", tm, 0, False, 0, 0.0), 0.0, {})
+        expected.update({o.message.id: o.message.layers for o in fx.publish})
+
+    publish(vhost_url, topology.GLOBAL, "", g0, 1)
+    queues = [topology.state_queue("aggregator"), *(topology.journal_queue("aggregator", s) for s in (0, 1))]
+    sizes, parts, used, got = [], 0, set(), []
+    with running(aso_fed(), vhost_url, 1, prefetch=1, max_message_bytes=limit):
+        for k, tm in enumerate(tms[:30]):
+            publish(vhost_url, topology.TIER_MODELS, "", tm, 1)
+            got += versions_until(vhost_url, k + 1)
+            with channel(vhost_url, 1) as ch:
+                held = {q: BrokerStore._read(ch, q) for q in queues}
+            sizes += [len(b) for bodies in held.values() for b in bodies]
+            parts = max(parts, sum(checkpoint.decode(b, "aggregator").part for bs in held.values() for b in bs))
+            used |= {q for q, bodies in held.items() if bodies}
+    assert max(sizes) <= limit and parts >= 3 and used == set(queues)
+    with running(aso_fed(), vhost_url, 1, prefetch=1, max_message_bytes=limit):
+        for k, tm in enumerate(tms[30:], start=30):  # one at a time: the recorder's queue keeps only the newest few
+            publish(vhost_url, topology.TIER_MODELS, "", tm, 1)
+            got += versions_until(vhost_url, k + 1)
+    assert len(saved_state(vhost_url, aso_fed()).strategy_state.models) == 40
+    got = [g for g in got if g.version > 0]
+    assert {g.id for g in got} == set(expected)
+    assert all(g.layers == expected[g.id] for g in got)  # a re-sent version is the same version
+
+
 def test_the_chaos_tool_counts_tier_models_in_fedbuff_s_buffer_as_in_flight(vhost_url):
     """Absorbed tier models are acked and kept in the aggregator's (journalled) state until the buffer steps: the
     chaos tool reads them from the aggregator's latest checkpoint, as the deterministic sweep does."""

@@ -71,8 +71,8 @@ def test_a_journalled_checkpoint_carries_its_models_and_base_as_format_2():
 
 
 def test_a_format_this_code_does_not_write_is_refused_naming_the_formats_it_reads():
-    body = {"f": 3, "service": "aggregator", "seq": 1, "saved_at": 0.0, "state": b"", "outbox": []}
-    with pytest.raises(CheckpointError, match="checkpoint format 3, this code reads 1 and 2"):
+    body = {"f": 4, "service": "aggregator", "seq": 1, "saved_at": 0.0, "state": b"", "outbox": []}
+    with pytest.raises(CheckpointError, match="checkpoint format 4, this code reads 1, 2 and 3"):
         checkpoint.decode(msgpack.packb(body, use_bin_type=True), "aggregator")
 
 

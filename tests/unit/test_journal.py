@@ -29,10 +29,10 @@ MODEL_BYTES = 4 * sum(int(np.prod(s)) for s in SHAPES)
 class Saver:
     """The aggregator behind the production Runner on a memory broker: its checkpoints as the broker holds them."""
 
-    def __init__(self, strategy, tiers: int = 1):
+    def __init__(self, strategy, tiers: int = 1, limit: int = wire.MAX_MESSAGE_BYTES):
         self.broker = MemoryBroker(Clock())
         self.broker.declare_topology(tiers)
-        self.cfg = bus.BrokerConfig(num_tiers=tiers)
+        self.cfg = bus.BrokerConfig(num_tiers=tiers, max_message_bytes=limit)
         self.service = Aggregator(AggregatorConfig(num_tiers=tiers, codec="raw"), strategy)
         self.runner = self.fresh()
         self.rng = np.random.default_rng(0)
@@ -134,7 +134,7 @@ def test_a_crash_between_a_snapshot_and_the_purge_leaves_entries_that_are_ignore
     snap = checkpoint.decode(s.queued(topology.state_queue("aggregator"))[0], "aggregator")
     entries = s.queued(topology.journal_queue("aggregator"))
     # the next snapshot lands, the process dies before it purges: the journal holds entries of the older snapshot
-    newer = replace(journal.latest("aggregator", checkpoint.encode(snap), entries).checkpoint, base=None)
+    newer = replace(journal.latest("aggregator", checkpoint.encode(snap), [entries]).checkpoint, base=None)
     newer = replace(newer, seq=s.runner.seq + 1)
     ch = s.broker.connect("x").channel()
     bus.BrokerStore("aggregator").save(ch, newer)
@@ -150,17 +150,17 @@ def test_the_latest_checkpoint_is_refused_when_the_journal_has_a_gap_or_no_snaps
     snapshot = s.queued(topology.state_queue("aggregator"))[0]
     entries = s.queued(topology.journal_queue("aggregator"))
     assert len(entries) >= 3
-    last = journal.latest("aggregator", snapshot, entries).checkpoint
+    last = journal.latest("aggregator", snapshot, [entries]).checkpoint
     assert last.seq == s.runner.seq
     with pytest.raises(CheckpointError, match="has entry .* where .* should be"):
-        journal.latest("aggregator", snapshot, entries[:1] + entries[2:])
+        journal.latest("aggregator", snapshot, [entries[:1] + entries[2:]])
     with pytest.raises(CheckpointError, match="no snapshot they extend"):
-        journal.latest("aggregator", None, entries)
+        journal.latest("aggregator", None, [entries])
     # a duplicated publish is the same entry; two different entries of one number are not
-    assert journal.latest("aggregator", snapshot, [*entries, entries[1]]).checkpoint.seq == last.seq
+    assert journal.latest("aggregator", snapshot, [[*entries, entries[1]]]).checkpoint.seq == last.seq
     other = checkpoint.encode(replace(checkpoint.decode(entries[1], "aggregator"), saved_at=99.0))
     with pytest.raises(CheckpointError, match="two different journal entries"):
-        journal.latest("aggregator", snapshot, [*entries, other])
+        journal.latest("aggregator", snapshot, [[*entries, other]])
     # a state that refers to a model no record carries is refused by the state codec, naming the model
     lost = replace(last, models={})
     with pytest.raises(ValueError, match="stored model [0-9a-f]+"):
@@ -192,3 +192,91 @@ def test_a_state_without_stored_arrays_is_saved_as_before():
     record = journal.Journal().record(c, models.end())
     assert record == c and not record.journalled
     assert checkpoint.encode(record) == checkpoint.encode(Checkpoint("profiler", 3, 0.0, b"state", ()))
+
+
+JOURNALS = [topology.journal_queue("aggregator", side) for side in topology.JOURNAL_SIDES]
+
+
+def _records(s: Saver) -> list[tuple[str, bytes]]:
+    """Every message the broker holds of the aggregator's checkpoints, with its queue."""
+    return [(q, body) for q in (topology.state_queue("aggregator"), *JOURNALS) for body in s.queued(q)]
+
+
+def test_checkpoints_larger_than_a_message_go_as_parts_in_both_journals_in_turn_and_restore_whole():
+    # ASO-Fed keeps a copy of each client's model: with room for about eight models a message, its snapshots soon
+    # need parts, and so do entries that carry several arrays
+    limit = 8 * MODEL_BYTES
+    s = Saver(build_strategy("aso-fed"), limit=limit)
+    sides_used, parts, largest = set(), 0, 0
+    for k in range(60):
+        s.arrive((k,))
+        held = _records(s)
+        largest = max([largest, *(len(body) for _, body in held)])
+        parts = max(parts, sum(checkpoint.decode(body, "aggregator").part for _, body in held))
+        sides_used |= {q for q, _ in held if q in JOURNALS}
+        again = s.fresh() if k % 10 == 9 else None
+        if again is not None:
+            assert again.seq == s.runner.seq and _same(again.state, s.runner.state)
+    assert largest <= limit
+    assert parts >= 3  # a snapshot of tens of copies, in messages of 8 models
+    assert sides_used == set(JOURNALS)  # each snapshot in parts went to the journal its predecessor's were not in
+    assert s.broker.audit() == []
+
+
+class _CutBeforeTheState:
+    """A channel whose connection breaks as the snapshot itself (to the state queue) is published."""
+
+    def __init__(self, channel):
+        self.channel = channel
+
+    def basic_publish(self, exchange, routing_key, **kwargs):
+        if routing_key == "aggregator":
+            raise ConnectionError("the connection broke")
+        return self.channel.basic_publish(exchange, routing_key, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.channel, name)
+
+
+def test_a_crash_while_a_snapshot_s_parts_are_written_leaves_the_old_snapshot_and_journal_whole():
+    s = Saver(build_strategy("aso-fed"), limit=8 * MODEL_BYTES)
+    for k in range(30):
+        s.arrive((k,))
+    before = _records(s)
+    ch = s.broker.connect("x").channel()
+    store = bus.BrokerStore("aggregator", 8 * MODEL_BYTES)
+    latest = store.restore(ch).checkpoint
+    newer = replace(latest, seq=s.runner.seq + 1, base=None)
+    with pytest.raises(ConnectionError):
+        store.save(_CutBeforeTheState(ch), newer)
+    cut = [body for q, body in _records(s) if (q, body) not in before]
+    assert cut and all(checkpoint.decode(b, "aggregator").part for b in cut)  # its parts went; the snapshot did not
+    again = s.fresh()
+    assert again.seq == s.runner.seq and _same(again.state, s.runner.state)
+    assert _records(s) == before  # the restore dropped the parts of the snapshot that never was
+    s.runner = again
+    for k in range(30, 40):  # and the service goes on
+        s.arrive((k,))
+    assert _same(s.fresh().state, s.runner.state)
+
+
+def test_split_cuts_a_record_into_parts_within_the_limit_and_a_missing_part_is_named():
+    rng = np.random.default_rng(3)
+    arrays = [rng.normal(0, 0.05, 2_000).astype(np.float32) for _ in range(10)]  # 8 kB each
+    models = Models()
+    models.begin()
+    for a in arrays:
+        models.reference(a)
+    live = models.end()
+    c = journal.Journal().record(Checkpoint("aggregator", 4, 0.0, b"state", ()), live)
+    assert journal.split(c, 1 << 20) == ((), c)  # it fits one message
+    parts, head = journal.split(c, 20_000)
+    assert len(parts) == 5 and all(len(checkpoint.encode(p)) <= 20_000 for p in parts)
+    assert head.models == {} and set(head.elsewhere) == set(live) and head.state == b"state"
+    bodies = [checkpoint.encode(p) for p in parts]
+    restored = journal.latest("aggregator", checkpoint.encode(head), [bodies, []])
+    assert restored.checkpoint.seq == 4 and set(restored.checkpoint.models) == set(live) and restored.side == 0
+    with pytest.raises(CheckpointError, match="keeps 10 arrays in parts, and the journal lacks 2 of them"):
+        journal.latest("aggregator", checkpoint.encode(head), [bodies[1:], []])
+    with pytest.raises(CheckpointError, match="more than one message of at most 5000 bytes may carry"):
+        journal.split(c, 5_000)

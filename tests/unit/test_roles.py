@@ -26,6 +26,7 @@ DECOYS = {
     "fedatxglobal",  # an unescaped "." would match this
     t.STATE + ".worker",
     t.journal_queue("worker"),
+    t.journal_queue("worker", 1),
 }
 NAMES = QUEUES | EXCHANGES | DECOYS
 ALL_KEYS = {
@@ -34,7 +35,7 @@ ALL_KEYS = {
     t.EVALUATION_KEY,
     t.ROUND_REPORT_KEY,
     *t.STATEFUL,
-    *(t.journal_key(s) for s in t.STATEFUL),
+    *(t.journal_key(s, side) for s in t.STATEFUL for side in t.JOURNAL_SIDES),
     "",
     "#",
     "evil",
@@ -50,20 +51,23 @@ READS = {
         t.BARRIER_ASSIGNMENTS,
         t.BARRIER_EVALUATIONS,
         t.state_queue("barrier"),
-        t.journal_queue("barrier"),
+        t.journal_queue("barrier", 0),
+        t.journal_queue("barrier", 1),
     },
     "aggregator": {
         t.AGGREGATOR_TIER_MODELS,
         t.AGGREGATOR_GLOBAL,
         t.state_queue("aggregator"),
-        t.journal_queue("aggregator"),
+        t.journal_queue("aggregator", 0),
+        t.journal_queue("aggregator", 1),
     },
     "profiler": {
         t.PROFILER_RESULTS,
         t.PROFILER_REPORTS,
         t.PROFILER_MEMBERS,
         t.state_queue("profiler"),
-        t.journal_queue("profiler"),
+        t.journal_queue("profiler", 0),
+        t.journal_queue("profiler", 1),
     },
     "evaluator": {t.EVALUATOR_GLOBAL},
     "collector": {t.COLLECTOR_GLOBAL, t.COLLECTOR_EVALUATIONS, t.COLLECTOR_ASSIGNMENTS},
@@ -83,9 +87,9 @@ WRITES = {
 TOPIC_WRITES = {
     ("worker", t.RESULTS): {*(t.tier_key(m) for m in TIERS), t.PROFILE_KEY},
     ("barrier", t.EVENTS): {t.ROUND_REPORT_KEY},
-    ("barrier", t.STATE): {"barrier", t.journal_key("barrier")},
-    ("aggregator", t.STATE): {"aggregator", t.journal_key("aggregator")},
-    ("profiler", t.STATE): {"profiler", t.journal_key("profiler")},
+    ("barrier", t.STATE): {"barrier", t.journal_key("barrier", 0), t.journal_key("barrier", 1)},
+    ("aggregator", t.STATE): {"aggregator", t.journal_key("aggregator", 0), t.journal_key("aggregator", 1)},
+    ("profiler", t.STATE): {"profiler", t.journal_key("profiler", 0), t.journal_key("profiler", 1)},
     ("evaluator", t.EVENTS): {t.EVALUATION_KEY},
     ("collector", t.EVENTS): {t.EVALUATION_KEY},
 }

@@ -190,8 +190,11 @@ def absorbed(broker: MemoryBroker, system: System) -> list[str]:
     saved = broker.ready_messages(topology.state_queue("aggregator"))
     if not saved:
         return []
-    entries = [e.body for e in broker.ready_messages(topology.journal_queue("aggregator"))]
-    last = journal.latest("aggregator", saved[-1].body, entries).checkpoint
+    journals = [
+        [e.body for e in broker.ready_messages(topology.journal_queue("aggregator", side))]
+        for side in topology.JOURNAL_SIDES
+    ]
+    last = journal.latest("aggregator", saved[-1].body, journals).checkpoint
     state = system.processes["aggregator"].service.codec.decode(last.state, last.models)
     return [ids.tier_model(t, r) for t, r in state.pending]
 

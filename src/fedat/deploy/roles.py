@@ -121,6 +121,18 @@ def _service_role(
     )
 
 
+def _state_queues(service: str) -> list[str]:
+    # a stateful service reads back its own checkpoints: the state queue and both journal queues
+    t = topology
+    return [t.state_queue(service), *(t.journal_queue(service, side) for side in t.JOURNAL_SIDES)]
+
+
+def _state_keys(service: str) -> list[str]:
+    # ... and writes them, on the state exchange, under its own keys only
+    t = topology
+    return [service, *(t.journal_key(service, side) for side in t.JOURNAL_SIDES)]
+
+
 def roles(num_tiers: int) -> dict[str, Role]:
     """Every role of a deployment with `num_tiers` tiers, by name."""
     if num_tiers < 1:
@@ -144,13 +156,12 @@ def roles(num_tiers: int) -> dict[str, Role]:
                 t.BARRIER_GLOBAL,
                 t.BARRIER_ASSIGNMENTS,
                 t.BARRIER_EVALUATIONS,
-                t.state_queue("barrier"),
-                t.journal_queue("barrier"),
+                *_state_queues("barrier"),
             ],
             # fedat.train is a direct exchange: RabbitMQ cannot restrict its keys, so the barrier could also
             # publish with key "profile" there.
             publishes=[t.TRAIN, t.TIER_MODELS, t.EVENTS, t.DLX, t.STATE],
-            topic_keys={t.EVENTS: [t.ROUND_REPORT_KEY], t.STATE: ["barrier", t.journal_key("barrier")]},
+            topic_keys={t.EVENTS: [t.ROUND_REPORT_KEY], t.STATE: _state_keys("barrier")},
         ),
         _service_role(
             "aggregator",
@@ -158,11 +169,10 @@ def roles(num_tiers: int) -> dict[str, Role]:
             consumes=[
                 t.AGGREGATOR_TIER_MODELS,
                 t.AGGREGATOR_GLOBAL,
-                t.state_queue("aggregator"),
-                t.journal_queue("aggregator"),
+                *_state_queues("aggregator"),
             ],
             publishes=[t.GLOBAL, t.DLX, t.STATE],
-            topic_keys={t.STATE: ["aggregator", t.journal_key("aggregator")]},
+            topic_keys={t.STATE: _state_keys("aggregator")},
         ),
         _service_role(
             "profiler",
@@ -171,11 +181,10 @@ def roles(num_tiers: int) -> dict[str, Role]:
                 t.PROFILER_RESULTS,
                 t.PROFILER_REPORTS,
                 t.PROFILER_MEMBERS,
-                t.state_queue("profiler"),
-                t.journal_queue("profiler"),
+                *_state_queues("profiler"),
             ],
             publishes=[t.TRAIN, t.CONTROL, t.DLX, t.STATE],
-            topic_keys={t.STATE: ["profiler", t.journal_key("profiler")]},
+            topic_keys={t.STATE: _state_keys("profiler")},
         ),
         _service_role(
             "evaluator",

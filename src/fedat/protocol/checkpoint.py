@@ -14,6 +14,10 @@ arrays it is the first to hold (`models`): a *snapshot* carries every array its 
 (`fedat.protocol.journal`). Such a checkpoint is format 2; one that carries no array and extends no snapshot (the
 barrier's, the profiler's) is written as format 1, exactly as before models were stored apart.
 
+A record too large for one message is written as *parts* that carry its arrays, then the record itself naming the
+arrays its parts carry (`elsewhere`): both are format 3, so code that cannot put them together refuses them by their
+format rather than restoring a state whose arrays it lacks.
+
 On the broker a checkpoint is one zstd frame over its msgpack map, with a window that spans the whole of it: a
 barrier's outbox holds the same global model once per task, so the frame finds each repeat however far apart (a
 barrier's 11.7 MB checkpoint becomes 0.16 MB). The stored arrays of a format-2 checkpoint follow the frame, raw, in
@@ -36,7 +40,8 @@ from fedat.protocol.modelstore import Stored
 
 FORMAT = 1  # of the msgpack map inside the frame, for a checkpoint that carries no model and extends no snapshot
 JOURNALLED = 2  # a snapshot that carries models, or a journal entry
-READS = (FORMAT, JOURNALLED)
+SPLIT = 3  # a part of a record written as several messages, or such a record
+READS = (FORMAT, JOURNALLED, SPLIT)
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
 LEVEL = 1  # as small as higher levels on model bytes (the repeats do the work), and the fastest
 MAX_WINDOW_LOG = 30  # 1 GiB: beyond any checkpoint a message can carry (the broker's own limit is below)
@@ -67,11 +72,18 @@ class Checkpoint:
     fingerprint: Mapping[str, str] = field(default_factory=dict)  # empty: written before fingerprints existed
     models: Mapping[bytes, Stored] = field(default_factory=dict)  # the arrays this record carries, by digest
     base: int | None = None  # a journal entry: the snapshot it extends; None: a snapshot
+    part: bool = False  # a part: it carries arrays of record `seq` (of snapshot `base`'s journal), nothing else
+    elsewhere: tuple[bytes, ...] = ()  # the digests of the arrays this record's parts carry
 
     @property
     def journalled(self) -> bool:
-        """Whether this is written as format 2 (it carries models or extends a snapshot)."""
-        return bool(self.models) or self.base is not None
+        """Whether this is written as format 2 or 3 (it carries models or extends a snapshot)."""
+        return bool(self.models) or self.base is not None or self.part or bool(self.elsewhere)
+
+    @property
+    def split(self) -> bool:
+        """Whether this is a part, or a record whose parts carry some of its arrays (format 3)."""
+        return self.part or bool(self.elsewhere)
 
 
 def encode(c: Checkpoint) -> bytes:
@@ -82,8 +94,11 @@ def encode(c: Checkpoint) -> bytes:
         body["fp"] = dict(c.fingerprint)
     if not c.journalled:
         return frame(msgpack.packb(body, use_bin_type=True))
-    body["f"] = JOURNALLED
+    body["f"] = SPLIT if c.split else JOURNALLED
     body["base"] = c.base
+    if c.split:
+        body["part"] = c.part
+        body["elsewhere"] = list(c.elsewhere)
     body["models"] = [[m.digest, m.dtype, list(m.shape), m.nbytes] for m in c.models.values()]
     return b"".join([frame(msgpack.packb(body, use_bin_type=True)), *(m.data for m in c.models.values())])
 
@@ -132,7 +147,8 @@ def decode(data: bytes, service: str) -> Checkpoint:
         raw, tail = _inflate(data, service)
         b = msgpack.unpackb(raw, raw=False)
         if b["f"] not in READS:
-            raise CheckpointError(f"checkpoint format {b['f']!r}, this code reads {' and '.join(map(str, READS))}")
+            reads = f"{', '.join(map(str, READS[:-1]))} and {READS[-1]}"
+            raise CheckpointError(f"checkpoint format {b['f']!r}, this code reads {reads}")
         if b["service"] != service:
             raise CheckpointError(f"checkpoint of {b['service']!r} found where {service!r} keeps its state")
         outbox = tuple(
@@ -142,7 +158,9 @@ def decode(data: bytes, service: str) -> Checkpoint:
         models = _models(b.get("models", ()), tail, service)
         base = None if b.get("base") is None else int(b["base"])
         state = bytes(b["state"])
-        return Checkpoint(b["service"], int(b["seq"]), float(b["saved_at"]), state, outbox, fp, models, base)
+        part, elsewhere = bool(b.get("part", False)), tuple(bytes(d) for d in b.get("elsewhere", ()))
+        seq, saved_at = int(b["seq"]), float(b["saved_at"])
+        return Checkpoint(b["service"], seq, saved_at, state, outbox, fp, models, base, part, elsewhere)
     except CheckpointError:
         raise
     except Exception as exc:

@@ -19,6 +19,14 @@ an older snapshot are what a crash between a snapshot and the purge leaves: they
 is confirmed before the next is written, so the entries of a snapshot run without a gap; a copy of an entry (a
 duplicated publish) is the same entry; a gap, two different entries of one number or entries without a snapshot is
 a CheckpointError naming it.
+
+A record larger than a message may be (a state that holds many models: ASO-Fed keeps one per client) is written as
+*parts* that carry its arrays, then the record itself naming them (`split`). There are two journal queues, used in
+turn: a snapshot's parts go to the one its predecessor's records are not in, and only then does the snapshot replace
+the state queue's message. So a crash while the parts are written leaves the old snapshot and its journal whole,
+and the new parts are stale records of a snapshot that does not exist. An entry's parts go before it into the
+journal it extends; parts whose record was never written only carry arrays (every array is named by its digest, so
+a copy is the same array) and are dropped with their journal.
 """
 
 from __future__ import annotations
@@ -35,6 +43,11 @@ from fedat.protocol.modelstore import Stored
 
 RATIO = 4  # the journal holds at most this many snapshots' worth of bytes
 ENTRY_SHARE = 0.75  # a journal entry is worth writing only when it is at most this share of a snapshot
+SIDES = 2  # journal queues, used in turn by snapshots written in parts
+# Bytes a message spends beyond what `size` counts: a frame's and a map's fixed fields, and each array's description
+# (digest, dtype, shape, length) or each outbox message's (exchange, key, kind, id, headers).
+FIXED_BYTES = 1024
+ITEM_BYTES = 160
 
 
 def size(c: Checkpoint) -> int:
@@ -72,30 +85,74 @@ class Journal:
         return False
 
 
+def split(c: Checkpoint, limit: int) -> tuple[tuple[Checkpoint, ...], Checkpoint]:
+    """`c` as messages of at most `limit` bytes: parts that carry its arrays, then `c` naming them (no parts when it
+    fits one message); CheckpointError when even its state and outbox, or one array, exceed `limit`."""
+    raw = size(c)
+    # zstd's bound: a frame is at most 1/256 larger than what it holds
+    if raw + raw // 256 + FIXED_BYTES + ITEM_BYTES * (len(c.models) + len(c.outbox)) <= limit:
+        return (), c
+    if len(checkpoint.encode(c)) <= limit:
+        return (), c
+    head = replace(c, models={}, elsewhere=tuple(c.models))
+    if (n := len(checkpoint.encode(head))) > limit:
+        raise CheckpointError(
+            f"{c.service}: checkpoint {c.seq} is {n} bytes without its models, over the {limit}-byte message limit"
+        )
+    groups: list[dict[bytes, Stored]] = [{}]
+    used = FIXED_BYTES
+    for d, m in c.models.items():
+        cost = m.nbytes + ITEM_BYTES
+        if FIXED_BYTES + cost > limit:
+            raise CheckpointError(
+                f"{c.service}: stored array {d.hex()[:12]} is {m.nbytes} bytes, "
+                f"more than one message of at most {limit} bytes may carry"
+            )
+        if groups[-1] and used + cost > limit:
+            groups.append({})
+            used = FIXED_BYTES
+        groups[-1][d] = m
+        used += cost
+    generation = c.seq if c.base is None else c.base
+    parts = tuple(Checkpoint(c.service, c.seq, c.saved_at, b"", (), {}, g, generation, part=True) for g in groups)
+    return parts, head
+
+
 @dataclass(frozen=True)
 class Restored:
     """The latest checkpoint (its `models`: every stored array its state may refer to) and what the broker holds."""
 
     checkpoint: Checkpoint
     journal: Journal
-    stale: bool  # the journal holds only entries of an older snapshot: drop them
+    side: int  # the journal queue that holds the snapshot's records (the next entries go there)
+    stale: tuple[int, ...]  # journal queues that hold only records of older snapshots: drop them
 
 
-def latest(service: str, snapshot: bytes | None, entries: Sequence[bytes]) -> Restored | None:
-    """The latest checkpoint of `service` from its state queue's message and its journal's; None if it has none."""
-    records = [checkpoint.decode(e, service) for e in entries]
+def latest(service: str, snapshot: bytes | None, journals: Sequence[Sequence[bytes]]) -> Restored | None:
+    """The latest checkpoint of `service` from its state queue's message and its journal queues'; None if it has
+    none."""
+    sides = [[(bytes(e), checkpoint.decode(e, service)) for e in side] for side in journals]
     if snapshot is None:
-        if records:
-            raise CheckpointError(f"{service}: a journal of {len(records)} entries but no snapshot they extend")
+        if n := sum(map(len, sides)):
+            raise CheckpointError(f"{service}: journals of {n} records but no snapshot they extend")
         return None
     snap = checkpoint.decode(snapshot, service)
-    if snap.base is not None:
-        raise CheckpointError(f"{service}: the state queue holds a journal entry ({snap.seq}), not a snapshot")
+    if snap.base is not None or snap.part:
+        raise CheckpointError(f"{service}: the state queue holds a journal record ({snap.seq}), not a snapshot")
+    holding = [i for i, records in enumerate(sides) if any(r.base == snap.seq for _, r in records)]
+    if len(holding) > 1:
+        raise CheckpointError(f"{service}: both journal queues hold records of snapshot {snap.seq}")
+    side = holding[0] if holding else 0
+    records = sides[side] if holding else []
     by_seq: dict[int, tuple[bytes, Checkpoint]] = {}
-    for data, r in zip(entries, records, strict=True):
+    models = dict(snap.models)
+    for data, r in records:
         if r.base != snap.seq:
             continue
-        if r.seq in by_seq and bytes(by_seq[r.seq][0]) != bytes(data):
+        if r.part:  # arrays of a record of this snapshot (or of one a crash cut off: the same arrays by digest)
+            models.update(r.models)
+            continue
+        if r.seq in by_seq and by_seq[r.seq][0] != data:
             raise CheckpointError(f"{service}: two different journal entries {r.seq} of snapshot {snap.seq}")
         by_seq[r.seq] = (data, r)  # a second copy of one publish (the network may duplicate it) is the same entry
     mine = [r for _, (_, r) in sorted(by_seq.items())]
@@ -104,10 +161,17 @@ def latest(service: str, snapshot: bytes | None, entries: Sequence[bytes]) -> Re
             raise CheckpointError(
                 f"{service}: the journal of snapshot {snap.seq} has entry {r.seq} where {expected} should be"
             )
-    models = dict(snap.models)
     for r in mine:
         models.update(r.models)
+    for r in (snap, *mine):
+        if missing := [d for d in r.elsewhere if d not in models]:
+            raise CheckpointError(
+                f"{service}: checkpoint {r.seq} keeps {len(r.elsewhere)} arrays in parts, and the journal lacks "
+                f"{len(missing)} of them (first {missing[0].hex()[:12]})"
+            )
     last = mine[-1] if mine else snap
-    stale = sum(1 for r in records if r.base != snap.seq)
-    held = sum(size(r) for r in records) if mine else 0  # stale entries stay until the next snapshot drops them
-    return Restored(replace(last, models=models), Journal(snap.seq, set(models), held), stale > 0 and not mine)
+    # What a live process counts after its saves: its entries (with their parts), and the records of older snapshots
+    # on this side, which stay until the next snapshot drops them; not the snapshot's own parts.
+    held = sum(size(r) for _, r in records if not (r.part and r.seq == snap.seq)) if mine else 0
+    stale = tuple(i for i, records in enumerate(sides) if records and i not in holding)
+    return Restored(replace(last, models=models, elsewhere=()), Journal(snap.seq, set(models), held), side, stale)

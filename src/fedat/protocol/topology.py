@@ -105,14 +105,23 @@ def state_queue(service: str) -> str:
     return f"{STATE}.{service}"
 
 
-def journal_key(service: str) -> str:
-    """Routing key on the state exchange of `service`'s journal entries (`fedat.protocol.journal`)."""
-    return f"{service}.journal"
+JOURNAL_SIDES = (0, 1)  # a service's two journal queues, used in turn (`fedat.protocol.journal`)
 
 
-def journal_queue(service: str) -> str:
-    """The queue that holds `service`'s checkpoints since its latest snapshot (written and read only by it)."""
-    return f"{state_queue(service)}.journal"
+def journal_key(service: str, side: int = 0) -> str:
+    """Routing key on the state exchange of one of `service`'s journal queues (`fedat.protocol.journal`)."""
+    return f"{service}.journal" + _side_suffix(side)
+
+
+def journal_queue(service: str, side: int = 0) -> str:
+    """One of the queues that hold `service`'s checkpoints since its latest snapshot (written and read only by it)."""
+    return f"{state_queue(service)}.journal" + _side_suffix(side)
+
+
+def _side_suffix(side: int) -> str:
+    if side not in JOURNAL_SIDES:
+        raise ValueError(f"journal side {side!r}: a service has journal queues {JOURNAL_SIDES}")
+    return "" if side == 0 else f"-{side + 1}"
 
 
 def barrier_queue(tier: int) -> str:
@@ -167,10 +176,10 @@ def _state_queue(service: str) -> Queue:
     )
 
 
-def _journal_queue(service: str) -> Queue:
-    # Every entry since the snapshot in the state queue: no length limit (the service purges it after each snapshot),
-    # no dead-letter exchange (nothing in it is ever rejected).
-    return Queue(journal_queue(service), ((STATE, journal_key(service)),), {"x-queue-type": "quorum"})
+def _journal_queue(service: str, side: int) -> Queue:
+    # Every record since the snapshot in the state queue: no length limit (the service purges it after each
+    # snapshot), no dead-letter exchange (nothing in it is ever rejected).
+    return Queue(journal_queue(service, side), ((STATE, journal_key(service, side)),), {"x-queue-type": "quorum"})
 
 
 def queues(num_tiers: int) -> tuple[Queue, ...]:
@@ -208,7 +217,7 @@ def queues(num_tiers: int) -> tuple[Queue, ...]:
         # Bounded so that a long run's stale stragglers cannot fill the disk; the oldest go first.
         Queue(DEAD_LETTERS, ((DLX, ""),), {"x-queue-type": "quorum", "x-max-length": DEAD_LETTER_MAX_LENGTH}),
         *(_state_queue(s) for s in STATEFUL),
-        *(_journal_queue(s) for s in STATEFUL),
+        *(_journal_queue(s, side) for s in STATEFUL for side in JOURNAL_SIDES),
     )
 
 

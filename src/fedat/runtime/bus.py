@@ -191,33 +191,43 @@ class Store(Protocol):
 
 class BrokerStore:
     """A service's checkpoints on the broker: the latest snapshot in its single-message quorum queue
-    `fedat.state.<service>`, the journal entries since in `fedat.state.<service>.journal` (`fedat.protocol.journal`)."""
+    `fedat.state.<service>`, the records since in one of its two journal queues `fedat.state.<service>.journal[-2]`
+    (`fedat.protocol.journal`). A record larger than `limit` bytes goes as parts; a snapshot's parts go to the journal
+    queue its predecessor's records are not in, which then holds the new snapshot's records."""
 
-    def __init__(self, service: str):
+    def __init__(self, service: str, limit: int = wire.MAX_MESSAGE_BYTES):
         self.service = service
+        self.limit = limit
         self.queue = topology.state_queue(service)
-        self.journal = topology.journal_queue(service)
+        self.journals = tuple(topology.journal_queue(service, side) for side in topology.JOURNAL_SIDES)
         self.where = self.queue  # named in a refusal of its checkpoint
         self.groups = True  # a confirmed write is worth sharing among the transitions of one dispatch
         self.written = 0  # bytes of the checkpoints saved through this store
+        self.side = 0  # the journal queue of the latest snapshot's records
+        self.superseded = 0  # the journal queue of the records the latest snapshot supersedes
+        self.holding = [False] * len(self.journals)  # which journal queues hold records, as of the last read
 
     def load(self, channel) -> Checkpoint | None:
         """The latest checkpoint, with every stored array its state refers to; None if the service never saved one.
-        Both queues keep everything they hold."""
+        Every queue keeps everything it holds."""
         restored = self._latest(channel)
         return None if restored is None else restored.checkpoint
 
     def restore(self, channel) -> journal.Restored | None:
         """The latest checkpoint and what the broker holds of the service's checkpoints, for the process that goes on
-        from it: entries of an older snapshot (a crash between a snapshot and the purge) are dropped."""
+        from it: records of an older snapshot (a crash between a snapshot and the purge) are dropped."""
         restored = self._latest(channel)
-        if restored is not None and restored.stale:
-            self.purge(channel)
+        if restored is not None:
+            self.side = self.superseded = restored.side
+            for side in restored.stale:
+                self._purge(channel, side)
         return restored
 
     def _latest(self, channel) -> journal.Restored | None:
         snapshot = self._read(channel, self.queue)
-        return journal.latest(self.service, snapshot[0] if snapshot else None, self._read(channel, self.journal))
+        journals = [self._read(channel, q) for q in self.journals]
+        self.holding = [bool(records) for records in journals]
+        return journal.latest(self.service, snapshot[0] if snapshot else None, journals)
 
     @staticmethod
     def _read(channel, queue: str) -> list[bytes]:
@@ -233,20 +243,41 @@ class BrokerStore:
         return [body for _, body in got]
 
     def save(self, channel, c: Checkpoint) -> None:
-        """Write a snapshot (it replaces the state queue's message) or a journal entry, confirmed."""
+        """Write a snapshot (it replaces the state queue's message) or a journal entry, confirmed, its parts first;
+        a snapshot then drops the records it supersedes."""
+        parts, record = journal.split(c, self.limit)
+        if c.base is None:
+            self.superseded = self.side
+            if parts:  # into the other journal queue, emptied first: the old snapshot's stay whole until replaced
+                self.side = 1 - self.side
+                self._purge(channel, self.side)
+        for i, part in enumerate(parts):
+            self._publish(channel, part, topology.journal_key(self.service, self.side), f"-part{i}")
+        self.holding[self.side] |= bool(parts) or c.base is not None
+        key = self.service if c.base is None else topology.journal_key(self.service, self.side)
+        self._publish(channel, record, key)
+        if c.base is None:
+            self.purge(channel)
+
+    def _publish(self, channel, c: Checkpoint, key: str, suffix: str = "") -> None:
         body = checkpoint.encode(c)
         channel.basic_publish(
             exchange=topology.STATE,
-            routing_key=self.service if c.base is None else topology.journal_key(self.service),
+            routing_key=key,
             body=body,
-            properties=properties("checkpoint", f"{self.service}-{c.seq}"),
+            properties=properties("checkpoint", f"{self.service}-{c.seq}{suffix}"),
             mandatory=True,
         )
         self.written += len(body)
 
     def purge(self, channel) -> None:
-        """Drop the journal's entries (once a snapshot that supersedes them is confirmed)."""
-        channel.queue_purge(self.journal)
+        """Drop the records the latest snapshot supersedes (once it is confirmed); a no-op once they are gone."""
+        self._purge(channel, self.superseded)
+
+    def _purge(self, channel, side: int) -> None:
+        if self.holding[side]:
+            channel.queue_purge(self.journals[side])
+            self.holding[side] = False
 
 
 class Runner:
@@ -267,7 +298,9 @@ class Runner:
         self.observe = observe
         self.codec = getattr(service, "codec", None)
         # the broker's state queues unless the process keeps its checkpoints elsewhere (a client's own folder)
-        self.store = None if self.codec is None or not persist else store or BrokerStore(service.name)
+        self.store = (
+            None if self.codec is None or not persist else store or BrokerStore(service.name, cfg.max_message_bytes)
+        )
         self.state: Any = service.initial()
         self.saved: Any = self.state  # the state of the latest checkpoint (the state may run ahead of it in a group)
         self.seq = 0

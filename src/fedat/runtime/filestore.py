@@ -65,7 +65,7 @@ class FileStore:
     def _latest(self) -> journal.Restored | None:
         snapshot = self.folder / SNAPSHOT
         body = snapshot.read_bytes() if snapshot.exists() else None
-        return journal.latest(self.service, body, [p.read_bytes() for p in self._entries()])
+        return journal.latest(self.service, body, [[p.read_bytes() for p in self._entries()]])  # one journal: no limit
 
 
 def write_durably(target: Path, body: bytes) -> None:
