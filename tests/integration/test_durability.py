@@ -48,6 +48,16 @@ def saved_state(url: str, service, num_tiers: int = 1):
         return service.codec.decode(saved.state, saved.models)
 
 
+def undisturbed(twin: Aggregator, g0: GlobalModel, tms: list[TierModel]) -> dict:
+    """The layers of each version an aggregator makes from `g0` and `tms` in one process, by id."""
+    state, _ = twin.on_global(twin.initial(), Inbound("q", g0, 0, False, 0, 0.0), 0.0, {})
+    expected = {}
+    for tm in tms:
+        state, fx = twin.on_tier_model(state, Inbound("q", tm, 0, False, 0, 0.0), 0.0, {})
+        expected.update({o.message.id: o.message.layers for o in fx.publish})
+    return expected
+
+
 def test_a_barrier_restarted_mid_round_keeps_the_round_and_merges_each_update_once(vhost_url):
     with running(aggregator(), vhost_url, 1):
         with running(barrier(), vhost_url, 1):
@@ -216,12 +226,8 @@ def test_a_killed_aggregator_restores_its_journalled_state_and_makes_the_same_ve
     def fedbuff() -> Aggregator:
         return Aggregator(AggregatorConfig(num_tiers=1, codec="raw"), build_strategy("fedbuff", buffer_size=2))
 
-    twin, expected = fedbuff(), {}
     g0 = seed_model(w0, names, 1, "raw", 4, 0.0)
-    state, _ = twin.on_global(twin.initial(), Inbound("q", g0, 0, False, 0, 0.0), 0.0, {})
-    for tm in tms:
-        state, fx = twin.on_tier_model(state, Inbound("q", tm, 0, False, 0, 0.0), 0.0, {})
-        expected.update({o.message.id: o.message.layers for o in fx.publish})
+    expected = undisturbed(fedbuff(), g0, tms)
 
     publish(vhost_url, topology.GLOBAL, "", g0, 1)
     with running(fedbuff(), vhost_url, 1, prefetch=1):
@@ -257,12 +263,8 @@ def test_an_aso_fed_state_larger_than_a_message_is_kept_in_parts_and_a_new_proce
     def aso_fed() -> Aggregator:
         return Aggregator(AggregatorConfig(num_tiers=1, codec="raw"), build_strategy("aso-fed"))
 
-    twin, expected = aso_fed(), {}
     g0 = seed_model(w0, names, 1, "raw", 4, 0.0)
-    state, _ = twin.on_global(twin.initial(), Inbound("q", g0, 0, False, 0, 0.0), 0.0, {})
-    for tm in tms:
-        state, fx = twin.on_tier_model(state, Inbound("q", tm, 0, False, 0, 0.0), 0.0, {})
-        expected.update({o.message.id: o.message.layers for o in fx.publish})
+    expected = undisturbed(aso_fed(), g0, tms)
 
     publish(vhost_url, topology.GLOBAL, "", g0, 1)
     queues = [topology.state_queue("aggregator"), *(topology.journal_queue("aggregator", s) for s in (0, 1))]
