@@ -13,7 +13,7 @@ from fedat.errors import CheckpointError
 from fedat.fl.strategies import build_strategy
 from fedat.protocol import checkpoint, journal, topology, wire
 from fedat.protocol.checkpoint import Checkpoint
-from fedat.protocol.modelstore import Models
+from fedat.protocol.modelstore import Models, Stored
 from fedat.protocol.service import Inbound
 from fedat.runtime import bus
 from fedat.runtime.metrics import transport_metrics
@@ -336,3 +336,35 @@ def test_a_crash_at_any_write_of_a_save_in_parts_restores_the_checkpoint_before_
         assert _same(s.fresh().state, s.runner.state)
         assert s.broker.audit() == []
     assert crashes >= 30 and later >= 6, (crashes, later)
+
+
+def test_the_journal_of_a_snapshot_that_fits_a_message_is_the_first_queue_where_older_releases_read_it():
+    rng = np.random.default_rng(4)
+    models = Models()
+    models.begin()
+    for _ in range(6):
+        models.reference(rng.normal(0, 0.05, 2_000).astype(np.float32))  # 8 kB each
+    arrays = models.end()
+    broker = MemoryBroker(Clock())
+    broker.declare_topology(1)
+    ch = broker.connect("aggregator").channel()
+    store = bus.BrokerStore("aggregator", 20_000)
+
+    def save(seq: int, digests: list[bytes], base: int | None = None) -> None:
+        carried = {d: Stored.of(d, arrays[d]) for d in digests}
+        store.save(ch, Checkpoint("aggregator", seq, 0.0, b"s%d" % seq, (), {}, carried, base))
+
+    def held(side: int) -> list[Checkpoint]:
+        return [checkpoint.decode(e.body, "aggregator") for e in broker.ready_messages(JOURNALS[side])]
+
+    d = list(arrays)
+    save(1, d)  # in parts: to the second queue, which then holds its journal
+    assert [c.part for c in held(1)] == [True] * 3 and held(0) == []
+    save(2, d[:1])  # fits: its journal is the first queue again, and the parts it supersedes are gone
+    assert held(0) == held(1) == []
+    save(3, d[1:2], base=2)
+    assert [c.seq for c in held(0)] == [3] and held(1) == []
+    save(4, d)  # in parts again: the second queue, and the first's entry is gone
+    assert {c.part for c in held(1)} == {True} and held(0) == []
+    restored = bus.BrokerStore("aggregator").restore(ch)
+    assert restored.checkpoint.seq == 4 and set(restored.checkpoint.models) == set(arrays) and restored.side == 1

@@ -21,10 +21,11 @@ duplicated publish) is the same entry; a gap, two different entries of one numbe
 a CheckpointError naming it.
 
 A record larger than a message may be (a state that holds many models: ASO-Fed keeps one per client) is written as
-*parts* that carry its arrays, then the record itself naming them (`split`). There are two journal queues, used in
-turn: a snapshot's parts go to the one its predecessor's records are not in, and only then does the snapshot replace
-the state queue's message. So a crash while the parts are written leaves the old snapshot and its journal whole,
-and the new parts are stale records of a snapshot that does not exist. An entry's parts go before it into the
+*parts* that carry its arrays, then the record itself naming them (`split`). There are two journal queues: a
+snapshot's parts go to the one its predecessor's records are not in, and only then does the snapshot replace the
+state queue's message. So a crash while the parts are written leaves the old snapshot and its journal whole, and
+the new parts are stale records of a snapshot that does not exist. The journal of a snapshot that fits a message
+is the first queue, where a release that knows only one finds it. An entry's parts go before it into the
 journal it extends; parts whose record was never written only carry arrays (every array is named by its digest, so
 a copy is the same array) and are dropped with their journal.
 """

@@ -193,7 +193,8 @@ class BrokerStore:
     """A service's checkpoints on the broker: the latest snapshot in its single-message quorum queue
     `fedat.state.<service>`, the records since in one of its two journal queues `fedat.state.<service>.journal[-2]`
     (`fedat.protocol.journal`). A record larger than `limit` bytes goes as parts; a snapshot's parts go to the journal
-    queue its predecessor's records are not in, which then holds the new snapshot's records."""
+    queue its predecessor's records are not in, which then holds the new snapshot's records; the records of a
+    snapshot that fits a message go to the first."""
 
     def __init__(self, service: str, limit: int = wire.MAX_MESSAGE_BYTES):
         self.service = service
@@ -247,10 +248,12 @@ class BrokerStore:
         a snapshot then drops the records it supersedes."""
         parts, record = journal.split(c, self.limit)
         if c.base is None:
-            self.superseded = self.side
-            if parts:  # into the other journal queue, emptied first: the old snapshot's stay whole until replaced
-                self.side = 1 - self.side
-                self._purge(channel, self.side)
+            # A snapshot in parts moves to the other journal queue, so that the old snapshot's records stay whole
+            # until it is replaced; one that fits a message keeps its journal in the first, where a release that
+            # knows one journal queue finds it.
+            self.superseded, self.side = self.side, (1 - self.side) if parts else 0
+            if self.side != self.superseded:
+                self._purge(channel, self.side)  # it holds only records of older snapshots
         for i, part in enumerate(parts):
             self._publish(channel, part, topology.journal_key(self.service, self.side), f"-part{i}")
         self.holding[self.side] |= bool(parts) or c.base is not None
