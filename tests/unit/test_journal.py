@@ -7,6 +7,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from fedat.errors import CheckpointError
@@ -368,3 +370,37 @@ def test_the_journal_of_a_snapshot_that_fits_a_message_is_the_first_queue_where_
     assert {c.part for c in held(1)} == {True} and held(0) == []
     restored = bus.BrokerStore("aggregator").restore(ch)
     assert restored.checkpoint.seq == 4 and set(restored.checkpoint.models) == set(arrays) and restored.side == 1
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.lists(st.integers(1, 3_000), max_size=12),  # arrays, in float32 values
+    st.lists(st.tuples(st.integers(0, 2_000), st.integers(0, 4)), max_size=40),  # outbox: body bytes, headers
+    st.integers(0, 4_000),  # state bytes
+    st.integers(-3_000, 20_000),  # the message limit, against what the record holds
+    st.booleans(),  # an entry rather than a snapshot
+)
+def test_every_message_a_record_is_written_as_fits_the_limit(sizes, outbox, state, margin, entry):
+    rng = np.random.default_rng([len(sizes), state, margin + 3_000])
+    noise = lambda n: rng.bytes(n)  # noqa: E731 (incompressible, as trained weights are)
+    models = Models()
+    models.begin()
+    for n in sizes:
+        models.reference(rng.normal(0, 1, n).astype(np.float32))
+    carried = {d: Stored.of(d, a) for d, a in models.end().items()}
+    sent = tuple(
+        checkpoint.Sent(
+            "fedat.train", "tier-1", "train", f"t{i}", noise(n), tuple((f"h{k}", noise(45).hex()) for k in range(h))
+        )
+        for i, (n, h) in enumerate(outbox)
+    )
+    c = Checkpoint("aggregator", 9, 0.0, noise(state), sent, {"run": "r" * 40}, carried, 3 if entry else None)
+    limit = max(2_000, journal.size(c) + margin)
+    try:
+        parts, head = journal.split(c, limit)
+    except CheckpointError as exc:  # only a state and outbox, or an array, larger than a message
+        assert "over the" in str(exc) or "may carry" in str(exc)
+        return
+    assert all(len(checkpoint.encode(m)) <= limit for m in (*parts, head))
+    assert {d for p in parts for d in p.models} | set(head.models) == set(carried)
+    assert not parts or (head.models == {} and set(head.elsewhere) == set(carried))

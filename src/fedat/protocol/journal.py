@@ -45,8 +45,8 @@ from fedat.protocol.modelstore import Stored
 RATIO = 4  # the journal holds at most this many snapshots' worth of bytes
 ENTRY_SHARE = 0.75  # a journal entry is worth writing only when it is at most this share of a snapshot
 SIDES = 2  # journal queues, used in turn by snapshots written in parts
-# Bytes a message spends beyond what `size` counts: a frame's and a map's fixed fields, and each array's description
-# (digest, dtype, shape, length) or each outbox message's (exchange, key, kind, id, headers).
+# Bytes a message spends beyond what `size` and `_named` count: a frame's and a map's fixed fields, and msgpack's
+# framing of each array's description (digest, dtype, shape, length) or of each outbox message's fields.
 FIXED_BYTES = 1024
 ITEM_BYTES = 160
 
@@ -86,12 +86,20 @@ class Journal:
         return False
 
 
+def _named(c: Checkpoint) -> int:
+    # the strings of a checkpoint's map that `size` leaves out: its fingerprint, and each outbox message's addressing
+    fingerprint = sum(len(k) + len(v) for k, v in c.fingerprint.items())
+    return fingerprint + sum(
+        len(s.exchange) + len(s.routing_key) + len(s.kind) + len(s.id) + sum(len(k) + len(v) for k, v in s.headers)
+        for s in c.outbox
+    )
+
+
 def split(c: Checkpoint, limit: int) -> tuple[tuple[Checkpoint, ...], Checkpoint]:
     """`c` as messages of at most `limit` bytes: parts that carry its arrays, then `c` naming them (no parts when it
     fits one message); CheckpointError when even its state and outbox, or one array, exceed `limit`."""
-    raw = size(c)
-    # zstd's bound: a frame is at most 1/256 larger than what it holds
-    if raw + raw // 256 + FIXED_BYTES + ITEM_BYTES * (len(c.models) + len(c.outbox)) <= limit:
+    raw = size(c) + _named(c) + ITEM_BYTES * (len(c.models) + len(c.outbox))
+    if raw + raw // 256 + FIXED_BYTES <= limit:  # zstd's bound: a frame is at most 1/256 larger than what it holds
         return (), c
     if len(checkpoint.encode(c)) <= limit:
         return (), c
