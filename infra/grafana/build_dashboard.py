@@ -702,6 +702,19 @@ def panels() -> list[dict]:
     )
     L.add(
         timeseries(
+            "State held on the broker",
+            "What the broker holds of each stateful service's state, before compression (fedat_state_bytes): its "
+            "latest snapshot, and the journal written since (up to four snapshots' worth). A restart reads both, so "
+            "restore time grows with them; ASO-Fed's grows with every client heard from (one model each).",
+            targets(("max by (job, record) (fedat_state_bytes)", "{{job}} {{record}}")),
+            "bytes",
+            minimum=0,
+        ),
+        W,
+        H,
+    )
+    L.add(
+        timeseries(
             "Handler time p90 by queue",
             "Handler time per consumed message (fedat_handle_seconds), 90th percentile.",
             targets((quantile(0.9, "fedat_handle_seconds", "", "queue"), "{{queue}}")),

@@ -40,7 +40,7 @@ MINUTES = 1.5
 # What Grafana would substitute, at a 2 s scrape interval and a dashboard showing the whole run.
 GRAFANA = {"$__rate_interval": "30s", "$__interval": "10s", "$__range": "5m"}
 # Every label a FedAT series may carry: dimensions, and the ones Prometheus adds. Never a client id.
-ALLOWED_LABELS = {"__name__", "job", "instance", "tier", "queue", "outcome", "kind", "direction", "le"}
+ALLOWED_LABELS = {"__name__", "job", "instance", "tier", "queue", "outcome", "kind", "direction", "record", "le"}
 
 
 class Prometheus:

@@ -404,3 +404,21 @@ def test_every_message_a_record_is_written_as_fits_the_limit(sizes, outbox, stat
     assert all(len(checkpoint.encode(m)) <= limit for m in (*parts, head))
     assert {d for p in parts for d in p.models} | set(head.models) == set(carried)
     assert not parts or (head.models == {} and set(head.elsewhere) == set(carried))
+
+
+@pytest.mark.parametrize("limit", [wire.MAX_MESSAGE_BYTES, 4 * MODEL_BYTES])
+def test_the_state_the_broker_holds_is_exported_and_reads_the_same_after_a_restart(limit):
+    s = Saver(build_strategy("aso-fed"), limit=limit)
+
+    def held(runner: bus.Runner) -> dict[str, float]:
+        gauge = runner.metrics.state_bytes
+        return {r: gauge.labels(r)._value.get() for r in ("snapshot", "journal")}
+
+    sizes = []
+    for k in range(30):
+        s.arrive((k,))
+        sizes.append(held(s.runner))
+        assert held(s.fresh()) == sizes[-1]
+    snapshots = [h["snapshot"] for h in sizes]
+    assert snapshots == sorted(snapshots) and snapshots[-1] > 10 * MODEL_BYTES  # a copy per client, and growing
+    assert any(h["journal"] == 0 for h in sizes[5:]) and max(h["journal"] for h in sizes) > 0

@@ -63,6 +63,7 @@ class Journal:
     base: int | None = None  # the snapshot in the state queue (None: none this process can extend)
     held: set[bytes] = field(default_factory=set)  # digests the snapshot and its entries carry
     journal_bytes: int = 0  # bytes of the entries in the journal queue
+    snapshot_bytes: int = 0  # bytes of the snapshot (with its parts)
 
     def record(self, c: Checkpoint, live: Mapping[bytes, np.ndarray]) -> Checkpoint:
         """`c` as the record to save: an entry carrying the arrays new since the snapshot, or a snapshot carrying
@@ -79,7 +80,7 @@ class Journal:
         """Note a record the broker confirmed; True when it is a snapshot and the journal has entries to drop."""
         if c.base is None:
             drop = self.journal_bytes > 0
-            self.base, self.held, self.journal_bytes = c.seq, set(c.models), 0
+            self.base, self.held, self.journal_bytes, self.snapshot_bytes = c.seq, set(c.models), 0, size(c)
             return drop
         self.held.update(c.models)
         self.journal_bytes += size(c)
@@ -155,11 +156,13 @@ def latest(service: str, snapshot: bytes | None, journals: Sequence[Sequence[byt
     records = sides[side] if holding else []
     by_seq: dict[int, tuple[bytes, Checkpoint]] = {}
     models = dict(snap.models)
+    snapshot_bytes = size(snap)
     for data, r in records:
         if r.base != snap.seq:
             continue
         if r.part:  # arrays of a record of this snapshot (or of one a crash cut off: the same arrays by digest)
             models.update(r.models)
+            snapshot_bytes += size(r) if r.seq == snap.seq else 0
             continue
         if r.seq in by_seq and by_seq[r.seq][0] != data:
             raise CheckpointError(f"{service}: two different journal entries {r.seq} of snapshot {snap.seq}")
@@ -183,4 +186,5 @@ def latest(service: str, snapshot: bytes | None, journals: Sequence[Sequence[byt
     # on this side, which stay until the next snapshot drops them; not the snapshot's own parts.
     held = sum(size(r) for _, r in records if not (r.part and r.seq == snap.seq)) if mine else 0
     stale = tuple(i for i, records in enumerate(sides) if records and i not in holding)
-    return Restored(replace(last, models=models, elsewhere=()), Journal(snap.seq, set(models), held), side, stale)
+    book = Journal(snap.seq, set(models), held, snapshot_bytes)
+    return Restored(replace(last, models=models, elsewhere=()), book, side, stale)

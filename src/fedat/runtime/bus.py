@@ -329,6 +329,7 @@ class Runner:
         self.state, self.seq = self.codec.decode(saved.state, saved.models), saved.seq
         self.saved = self.state
         self.journal = restored.journal
+        self._held()
         publish_sent(channel, saved.outbox, self.metrics)
         self.metrics.restore_seconds.observe(time.perf_counter() - started)
         log.info(
@@ -370,6 +371,12 @@ class Runner:
         self.seq, self.saved = c.seq, state
         self.metrics.state_saves.inc()
         self.metrics.state_save_seconds.observe(time.perf_counter() - started)
+        self._held()
+
+    def _held(self) -> None:
+        # what the broker holds of the state: restore time and broker disk grow with it
+        self.metrics.state_bytes.labels("snapshot").set(self.journal.snapshot_bytes)
+        self.metrics.state_bytes.labels("journal").set(self.journal.journal_bytes)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ class TransportMetrics:
     connected: Gauge
     state_saves: Counter
     state_save_seconds: Histogram
+    state_bytes: Gauge
     group_transitions: Histogram
     restore_seconds: Histogram
     loop: Gauge
@@ -72,6 +73,12 @@ def transport_metrics(registry: CollectorRegistry, service: str) -> TransportMet
             "Time to save one checkpoint, confirmed",
             registry=registry,
             buckets=(0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1, 3),
+        ),
+        state_bytes=Gauge(
+            "fedat_state_bytes",
+            "Bytes of the service's state the broker holds, before compression: the latest snapshot, the journal since",
+            ["record"],
+            registry=registry,
         ),
         group_transitions=Histogram(
             "fedat_commit_group_transitions",
