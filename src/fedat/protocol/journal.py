@@ -44,7 +44,6 @@ from fedat.protocol.modelstore import Stored
 
 RATIO = 4  # the journal holds at most this many snapshots' worth of bytes
 ENTRY_SHARE = 0.75  # a journal entry is worth writing only when it is at most this share of a snapshot
-SIDES = 2  # journal queues, used in turn by snapshots written in parts
 # Bytes a message spends beyond what `size` and `_named` count: a frame's and a map's fixed fields, and msgpack's
 # framing of each array's description (digest, dtype, shape, length) or of each outbox message's fields.
 FIXED_BYTES = 1024
