@@ -11,6 +11,7 @@ export TF_CPP_MIN_LOG_LEVEL := 2
 CHAOS_MINUTES ?= 8
 CHAOS_KILLS ?= 36
 CHAOS_BROKER_RESTARTS ?= 3
+CHAOS_EXPERIMENT ?= experiments/chaos.yaml
 
 OBSERVE_MINUTES ?= 2
 IMAGES ?= core tf
@@ -77,7 +78,7 @@ bench: setup broker data
 # Fault injection on a private RabbitMQ node (never the shared one): SIGKILLs across every service, broker restarts,
 # then the invariants checked from the captured message streams, against an undisturbed run of the same length.
 chaos: setup broker data
-	$(PY) -m fedat.ops.chaos --minutes $(CHAOS_MINUTES) --kills $(CHAOS_KILLS) --broker-restarts $(CHAOS_BROKER_RESTARTS)
+	$(PY) -m fedat.ops.chaos --experiment $(CHAOS_EXPERIMENT) --minutes $(CHAOS_MINUTES) --kills $(CHAOS_KILLS) --broker-restarts $(CHAOS_BROKER_RESTARTS)
 
 # The smoke experiment observed by a local Prometheus (URL printed; alerts.json and its data in the run's folder).
 observe: setup broker data prometheus
