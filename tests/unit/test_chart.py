@@ -1109,3 +1109,19 @@ def test_the_app_is_mounted_into_the_pods_that_import_it():
     # without a volume the app is the image's own: nothing mounted, nothing on the path
     for pod in pods({}).values():
         assert "app" not in {v["name"] for v in pod["volumes"]} and "PYTHONPATH" not in env_of(pod["containers"][0])
+
+
+def test_an_operator_broker_takes_the_largest_message_the_services_send():
+    from fedat.protocol import wire
+
+    def conf(values: dict) -> list[str]:
+        docs = render({"broker": {"mode": "operator"}, **values})
+        return one(docs, "RabbitmqCluster", "fedat-rabbitmq")["spec"]["rabbitmq"]["additionalConfig"].splitlines()
+
+    # RabbitMQ 4.x's own default (16 MiB) would close the channel of a service sending a larger checkpoint part
+    assert conf({}) == [f"max_message_size = {wire.MAX_MESSAGE_BYTES}"]
+    assert conf({"experiment": {"settings": {"max_message_bytes": 134217728}}}) == ["max_message_size = 134217728"]
+    own = {"rabbitmqCluster": {"additionalConfig": "consumer_timeout = 3600000\n"}}
+    assert conf(own) == [f"max_message_size = {wire.MAX_MESSAGE_BYTES}", "consumer_timeout = 3600000"]
+    theirs = {"rabbitmqCluster": {"additionalConfig": "max_message_size = 33554432\n"}}
+    assert conf(theirs) == ["max_message_size = 33554432"]
