@@ -291,3 +291,29 @@ def test_fedat_provision_command_writes_private_credentials_and_no_password_to_s
     api = ManagementApi(API, *ADMIN)
     assert api.call("GET", f"vhosts/{vhost}", missing_ok=True) is None
     assert api.call("GET", f"users/{vhost}-worker", missing_ok=True) is None
+
+
+def test_a_checkpoint_outlives_its_restores_under_a_blanket_delivery_limit(deployment):
+    """A restore gives a service's checkpoints back to their queues, which a quorum queue counts as a delivery, and
+    RabbitMQ 4.0-4.2 give every quorum queue a delivery limit (20) unless told otherwise: the state queues' policy
+    keeps the checkpoints however often the service restarts."""
+    from fedat.protocol.checkpoint import Checkpoint
+    from fedat.runtime.bus import BrokerStore
+
+    api = ManagementApi(API, *ADMIN)
+    v = quote(deployment.vhost, safe="")
+    blanket = {"pattern": ".*", "definition": {"delivery-limit": 2}, "priority": 0, "apply-to": "queues"}
+    api.call("PUT", f"policies/{v}/blanket", blanket)  # as a 4.x broker's default behaves, sooner
+    conn = connect(deployment.admin_url)
+    try:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        BrokerStore("aggregator").save(ch, Checkpoint("aggregator", 3, 0.0, b"state", ()))
+        for _ in range(6):  # six restarts
+            assert BrokerStore("aggregator").restore(ch).checkpoint.seq == 3
+        # Without the state queues' policy the blanket limit applies, and the checkpoint is gone at the next restore.
+        api.call("DELETE", f"policies/{v}/fedat-state")
+        seen = [BrokerStore("aggregator").load(ch) for _ in range(3)]
+        assert seen[-1] is None
+    finally:
+        conn.close()

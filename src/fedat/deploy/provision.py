@@ -1,9 +1,10 @@
 """Provision a FedAT deployment on RabbitMQ through the management HTTP API: vhost, least-privilege users, topology.
 
 `provision` creates (or checks) the vhost, one user per role with the permissions and topic permissions of
-`fedat.deploy.roles`, and the whole topology (every exchange, queue with its arguments, and binding), then returns each
-role's AMQP URL. It reads before it writes, so running it again changes nothing; a queue or exchange that exists
-with other arguments fails with both argument sets named (RabbitMQ would refuse to redeclare it anyway).
+`fedat.deploy.roles`, and the whole topology (its policies, every exchange, queue with its arguments, and binding),
+then returns each role's AMQP URL. It reads before it writes, so running it again changes nothing; a queue or
+exchange that exists with other arguments fails with both argument sets named (RabbitMQ would refuse to redeclare it
+anyway), while a policy that differs is updated in place.
 `deprovision` deletes the vhost (with everything in it) and the users. Only the standard library is used.
 
 Passwords never reach a log or an error message: they come from a file per role or are generated, and are
@@ -144,6 +145,10 @@ def provision(
 
     for name, kind in topology.EXCHANGES.items():
         _ensure_exchange(api, vhost, name, kind, report)
+    # Policies first: they apply to the queues as they are declared, and change in place on a deployment that has
+    # them already (a queue's arguments cannot).
+    for policy in topology.POLICIES:
+        _ensure_policy(api, vhost, policy, report)
     for queue in topology.queues(num_tiers):
         _ensure_queue(api, vhost, queue.name, dict(queue.arguments), report)
         for exchange, key in queue.bindings:
@@ -240,6 +245,22 @@ def _ensure_queue(api: ManagementApi, vhost: str, name: str, arguments: dict[str
             "the queue (losing its messages) or the vhost, then provision again."
         )
     report("unchanged", f"queue {name}")
+
+
+def _ensure_policy(api: ManagementApi, vhost: str, policy: topology.Policy, report: Report) -> None:
+    path = f"policies/{_q(vhost)}/{_q(policy.name)}"
+    wanted = {
+        "pattern": policy.pattern,
+        "definition": policy.definition,
+        "priority": policy.priority,
+        "apply-to": policy.apply_to,
+    }
+    existing = api.call("GET", path, missing_ok=True)
+    if existing is not None and {k: existing.get(k) for k in wanted} == wanted:
+        report("unchanged", f"policy {policy.name}")
+        return
+    api.call("PUT", path, wanted)
+    report("created" if existing is None else "updated", f"policy {policy.name} {json.dumps(wanted, sort_keys=True)}")
 
 
 def _ensure_binding(api: ManagementApi, vhost: str, exchange: str, queue: str, key: str, report: Report) -> None:

@@ -6,6 +6,7 @@ The names are a public contract (Helm chart, dashboards, clients in other langua
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,6 +58,10 @@ DELIVERY_LIMIT = 5
 # restarted or reconnected) as a delivery: a valid update must survive many barrier restarts, so its limit is higher.
 HELD_DELIVERY_LIMIT = 50
 DEAD_LETTER_MAX_LENGTH = 10_000
+# A restore reads a service's checkpoints and gives them back (nack, requeue), which a quorum queue counts as a
+# delivery; with a delivery limit (RabbitMQ 4.0-4.2 default every quorum queue to 20, and a blanket policy may set
+# one) the checkpoints would be dropped after that many restarts. The state queues' policy lifts it out of reach.
+STATE_DELIVERY_LIMIT = 1_000_000_000
 
 HEADER_REASON = "x-fedat-reason"
 HEADER_SOURCE_QUEUE = "x-fedat-queue"
@@ -180,6 +185,23 @@ def _journal_queue(service: str, side: int) -> Queue:
     # Every record since the snapshot in the state queue: no length limit (the service purges it after each
     # snapshot), no dead-letter exchange (nothing in it is ever rejected).
     return Queue(journal_queue(service, side), ((STATE, journal_key(service, side)),), {"x-queue-type": "quorum"})
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A policy of the vhost: what RabbitMQ applies to the queues whose names match `pattern`."""
+
+    name: str
+    pattern: str
+    definition: dict[str, Any]
+    priority: int
+    apply_to: str = "queues"
+
+
+# Above any blanket policy (one policy applies to a queue: the highest priority), for the state queues only.
+POLICIES = (
+    Policy("fedat-state", "^" + re.escape(f"{STATE}."), {"delivery-limit": STATE_DELIVERY_LIMIT}, priority=100),
+)
 
 
 def queues(num_tiers: int) -> tuple[Queue, ...]:
