@@ -75,15 +75,13 @@ class Journal:
             return replace(c, models={d: Stored.of(d, a) for d, a in live.items()}, base=None)
         return replace(c, models={d: Stored.of(d, a) for d, a in new.items()}, base=self.base)
 
-    def saved(self, c: Checkpoint) -> bool:
-        """Note a record the broker confirmed; True when it is a snapshot and the journal has entries to drop."""
+    def saved(self, c: Checkpoint) -> None:
+        """Note a record the store confirmed (a snapshot: the store has dropped the entries it supersedes)."""
         if c.base is None:
-            drop = self.journal_bytes > 0
             self.base, self.held, self.journal_bytes, self.snapshot_bytes = c.seq, set(c.models), 0, size(c)
-            return drop
+            return
         self.held.update(c.models)
         self.journal_bytes += size(c)
-        return False
 
 
 def _named(c: Checkpoint) -> int:

@@ -184,9 +184,8 @@ class Store(Protocol):
 
     def restore(self, channel) -> journal.Restored | None: ...
 
-    def save(self, channel, c: Checkpoint) -> None: ...
-
-    def purge(self, channel) -> None: ...
+    def save(self, channel, c: Checkpoint) -> None:
+        """Write `c` durably; a snapshot then drops the records it supersedes."""
 
 
 class BrokerStore:
@@ -260,7 +259,7 @@ class BrokerStore:
         key = self.service if c.base is None else topology.journal_key(self.service, self.side)
         self._publish(channel, record, key)
         if c.base is None:
-            self.purge(channel)
+            self._purge(channel, self.superseded)
 
     def _publish(self, channel, c: Checkpoint, key: str, suffix: str = "") -> None:
         body = checkpoint.encode(c)
@@ -272,10 +271,6 @@ class BrokerStore:
             mandatory=True,
         )
         self.written += len(body)
-
-    def purge(self, channel) -> None:
-        """Drop the records the latest snapshot supersedes (once it is confirmed); a no-op once they are gone."""
-        self._purge(channel, self.superseded)
 
     def _purge(self, channel, side: int) -> None:
         if self.holding[side]:
@@ -366,8 +361,7 @@ class Runner:
         c = Checkpoint(self.service.name, self.seq + 1, self.clock(), encoded, sent, self.fingerprint)
         c = self.journal.record(c, self.models.end())
         self.store.save(channel, c)
-        if self.journal.saved(c):
-            self.store.purge(channel)
+        self.journal.saved(c)
         self.seq, self.saved = c.seq, state
         self.metrics.state_saves.inc()
         self.metrics.state_save_seconds.observe(time.perf_counter() - started)

@@ -47,11 +47,14 @@ class FileStore:
         return restored
 
     def save(self, channel, c: Checkpoint) -> None:
-        """Write a snapshot (it replaces the last one) or a journal entry, durably."""
+        """Write a snapshot (it replaces the last one, then the entries it supersedes go) or a journal entry,
+        durably."""
         body = checkpoint.encode(c)
         target = self.folder / SNAPSHOT if c.base is None else self.folder / JOURNAL / f"{c.seq:012d}"
         write_durably(target, body)
         self.written += len(body)
+        if c.base is None:
+            self.purge()
 
     def purge(self, channel=None) -> None:
         """Drop the journal's entries (once a snapshot that supersedes them is on disk)."""
