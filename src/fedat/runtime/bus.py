@@ -1,4 +1,4 @@
-"""The one port to RabbitMQ: runs a Service (decode -> handler -> save -> publish with confirms -> ack) and reconnects.
+"""The one port to RabbitMQ: runs a Service (decode -> handler -> save -> publish, confirmed -> ack) and reconnects.
 
 Nothing else in the project builds AMQP frames. Order of a transition's effects, and why it is safe:
 
@@ -6,7 +6,9 @@ Nothing else in the project builds AMQP frames. Order of a transition's effects,
    happened;
 2. a durable service's new state is saved with its outbox as one checkpoint (confirmed) — write-ahead; a state that
    holds models is saved with only the models no earlier checkpoint carries (`fedat.protocol.journal`);
-3. the outbox is published (each confirmed), dead letters are sent, inputs are acked, last.
+3. the outbox is published, dead letters are sent, inputs are acked, last. Under `run_service` an outbox goes as one
+   transaction on a publishing connection of its own (`Publisher`), which the broker commits once every message is
+   queued; elsewhere each message is confirmed.
 
 A durable service under `run_service` commits in groups: the transitions of the deliveries (and timers) dispatched
 together are taken in one after the other, each on the state the one before left, and then saved as one checkpoint
@@ -31,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from types import MappingProxyType
 from typing import Any, Protocol
 
@@ -104,8 +107,8 @@ def encode_all(outgoing: Iterable[Outgoing], cfg: BrokerConfig) -> tuple[Sent, .
 
 
 def publish_sent(channel, sent: Iterable[Sent], metrics: TransportMetrics | None = None) -> None:
-    """Publish encoded messages mandatory and persistent on a confirm channel; raises if nacked, or unroutable where
-    a queue must exist (`topology.may_be_unroutable`)."""
+    """Publish encoded messages mandatory and persistent on a confirm channel, one confirm each; raises if nacked, or
+    unroutable where a queue must exist (`topology.may_be_unroutable`)."""
     for s in sent:
         try:
             channel.basic_publish(
@@ -116,15 +119,74 @@ def publish_sent(channel, sent: Iterable[Sent], metrics: TransportMetrics | None
                 mandatory=True,
             )
         except pe.UnroutableError:
-            # A real client's queue may be gone (revoked, purged): its task is lost like an unanswered one, and the
-            # round's deadline covers it. Anything else unroutable is a broken topology: fail loudly.
-            if not topology.may_be_unroutable(s.exchange, s.routing_key):
+            if not _droppable(s):
                 raise
-            log.info("%s %s found no queue on %s (key %s); dropped", s.kind, s.id, s.exchange, s.routing_key)
             continue
-        if metrics:
-            metrics.published.labels(s.kind).inc()
-            metrics.published_bytes.labels(s.kind).inc(len(s.body))
+        _count(metrics, s)
+
+
+def _droppable(s: Sent) -> bool:
+    """Whether an unroutable message is dropped (logged) rather than an error."""
+    # A real client's queue may be gone (revoked, purged): its task is lost like an unanswered one, and the round's
+    # deadline covers it. Anything else unroutable is a broken topology: fail loudly.
+    if not topology.may_be_unroutable(s.exchange, s.routing_key):
+        return False
+    log.info("%s %s found no queue on %s (key %s); dropped", s.kind, s.id, s.exchange, s.routing_key)
+    return True
+
+
+def _count(metrics: TransportMetrics | None, s: Sent) -> None:
+    if metrics:
+        metrics.published.labels(s.kind).inc()
+        metrics.published_bytes.labels(s.kind).inc(len(s.body))
+
+
+class Publisher:
+    """Publishes each outbox as one AMQP transaction, on a connection of its own: one round trip to the broker per
+    outbox instead of one confirm per message. RabbitMQ answers the commit once every message is in its queues (as
+    durable as a confirm), and sends the returns of unroutable messages before it.
+
+    Its own connection, because a channel in transaction mode cannot take confirms, and its returns are dispatched
+    by polling the connection, which on the consuming connection would also dispatch deliveries."""
+
+    def __init__(self, conn: pika.BlockingConnection):
+        self.conn = conn
+        self.channel = conn.channel()
+        self.channel.tx_select()
+        self.returned: list[str] = []  # message ids returned unroutable since the last commit
+        self.channel.add_on_return_callback(lambda _ch, _method, props, _body: self.returned.append(props.message_id))
+
+    def publish(self, sent: tuple[Sent, ...], metrics: TransportMetrics | None = None) -> None:
+        """Publish `sent` mandatory and persistent as one transaction; raises UnroutableError (after the commit) for
+        a message that found no queue where one must exist."""
+        if not sent:
+            return
+        for s in sent:
+            self.channel.basic_publish(
+                exchange=s.exchange,
+                routing_key=s.routing_key,
+                body=s.body,
+                properties=properties(s.kind, s.id, dict(s.headers)),
+                mandatory=True,
+            )
+        self.channel.tx_commit()
+        self.poll()  # the returns arrived before the commit-ok; this dispatches them
+        returned, self.returned = set(self.returned), []
+        lost = [
+            f"{s.kind} {s.id} to {s.exchange} (key {s.routing_key})"
+            for s in sent
+            if s.id in returned and not _droppable(s)
+        ]
+        if lost:
+            log.error("found no queue, where one must exist: %s", "; ".join(lost))
+            raise pe.UnroutableError(lost)
+        for s in sent:
+            if s.id not in returned:
+                _count(metrics, s)
+
+    def poll(self) -> None:
+        """Serve the connection (heartbeats, returns) without waiting."""
+        self.conn.process_data_events(time_limit=0)
 
 
 def publish_once(
@@ -308,8 +370,9 @@ class Runner:
         own = {fingerprint_mod.STATE_VERSION: str(self.codec.version)} if self.codec is not None else {}
         self.fingerprint: dict[str, str] = {**own, **(fingerprint or {})}
 
-    def restore(self, channel) -> None:
-        """Take the state from the latest checkpoint and publish its outbox again (a crash may have cut it off)."""
+    def restore(self, channel, publish: Callable[[tuple[Sent, ...], TransportMetrics], None] | None = None) -> None:
+        """Take the state from the latest checkpoint and publish its outbox again (a crash may have cut it off), with
+        `publish` or else one confirm at a time on `channel`."""
         if self.store is None:
             return  # not durable: the in-memory state survives a reconnect, not a restart
         started = time.perf_counter()
@@ -325,7 +388,7 @@ class Runner:
         self.saved = self.state
         self.journal = restored.journal
         self._held()
-        publish_sent(channel, saved.outbox, self.metrics)
+        (publish or partial(publish_sent, channel))(saved.outbox, self.metrics)
         self.metrics.restore_seconds.observe(time.perf_counter() - started)
         log.info(
             "%s: restored checkpoint %d, %d journal entries after snapshot %d (%d outputs re-sent)",
@@ -390,8 +453,10 @@ class Session:
     answer must not wait for its next.
     """
 
-    def __init__(self, conn, channel, runner: Runner, group: bool = False):
+    def __init__(self, conn, channel, runner: Runner, group: bool = False, publisher: Publisher | None = None):
         self.conn, self.channel, self.runner = conn, channel, runner
+        # outboxes go as one transaction each through `publisher`, or else one confirm at a time on `channel`
+        self.publish = publisher.publish if publisher is not None else partial(publish_sent, channel)
         self.service, self.metrics, self.cfg = runner.service, runner.metrics, runner.cfg
         self.subscriptions = self.service.subscriptions()
         self.unacked: dict[int, tuple] = {}  # raw deliveries by tag, so a held one can be dead-lettered byte for byte
@@ -436,7 +501,7 @@ class Session:
             self.runner.save(self.channel, self.runner.state, sent)
             # counted once saved (a group is committed then), so whoever sees its outputs sees it counted
             self.metrics.group_transitions.observe(len(group))
-            publish_sent(self.channel, sent, self.metrics)
+            self.publish(sent, self.metrics)
         except RECOVERABLE:
             raise
         except Exception as exc:
@@ -539,7 +604,7 @@ class Session:
 
     def start(self) -> None:
         """Restore, let the service re-arm its timers, then consume every subscribed queue."""
-        self.runner.restore(self.channel)
+        self.runner.restore(self.channel, self.publish)
         state, effects = self.service.on_start(self.runner.state, self.runner.clock())
         self.commit(state, effects)
         self.flush()
@@ -616,13 +681,15 @@ def run_service(
     runner = Runner(service, cfg, metrics, clock, persist, observe, fingerprint, store)
     backoff = 0.5
     while not stop.is_set():
-        conn = None
+        conn = out = None
         try:
             metrics.loop.set(time.time())
             conn = connect(cfg)
             channel = confirm_channel(conn, cfg)
             channel.basic_qos(prefetch_count=cfg.prefetch)
-            session = Session(conn, channel, runner, group=True)
+            out = connect(cfg)
+            publisher = Publisher(out)
+            session = Session(conn, channel, runner, group=True, publisher=publisher)
             session.start()
             metrics.connected.set(1)
             log.info("%s connected to the broker", service.name)
@@ -631,6 +698,7 @@ def run_service(
                 metrics.loop.set(time.time())
                 conn.process_data_events(time_limit=0.5)  # returns once it has dispatched what arrived
                 session.flush()
+                publisher.poll()  # its heartbeats
                 # A channel closed by the broker (e.g. consumer_timeout) does not raise here: check it.
                 if channel.is_closed or not channel.consumer_tags:
                     raise pe.ChannelClosed(-1, "channel closed or consumer cancelled by the broker")
@@ -645,5 +713,6 @@ def run_service(
             pause(stop, backoff, metrics)
             backoff = min(backoff * 2, cfg.max_backoff)
         finally:
+            close_quietly(out)
             close_quietly(conn)
     metrics.connected.set(0)
