@@ -12,7 +12,10 @@ dead-letter → ack → hold → timers → observe; dead-lettering; requeue on 
 
 One difference: `run_service` groups the transitions of one dispatch behind one checkpoint (`Session(group=True)`),
 a saving in confirmed writes that virtual time does not have; here each transition is committed as it is handled,
-so a run replays exactly. The grouping itself is tested on this broker (tests/unit/test_sim_shell.py).
+so a run replays exactly. The grouping itself is tested on this broker (tests/unit/test_sim_shell.py). Another:
+`run_service` publishes each outbox as one transaction through a `Publisher` on a second connection; here each
+message is confirmed on the session's channel, as one-shot publishes are (the Publisher is tested on RabbitMQ,
+tests/integration/test_publisher.py).
 
 The Runner outlives connections (a reconnect keeps the in-memory state and restores the checkpoint over it); a
 crash (`kill`) throws the Runner away, and the restarted process starts from `initial()` and its checkpoint, as a
