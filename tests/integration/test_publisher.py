@@ -3,17 +3,22 @@ client whose queue is gone is dropped; anything else that finds no queue raises,
 
 from __future__ import annotations
 
+import time
+from urllib.parse import unquote
+
 import pika.exceptions as pe
 import pytest
 from prometheus_client import CollectorRegistry
 
+from fedat.ops import broker_admin
 from fedat.protocol import topology
 from fedat.protocol.service import Outgoing
 from fedat.protocol.wire import TrainTask
 from fedat.runtime.bus import BrokerConfig, Publisher, close_quietly, connect, encode_all
 from fedat.runtime.metrics import transport_metrics
 
-from .broker import channel
+from .broker import channel, running
+from .test_durability import barrier
 
 pytestmark = pytest.mark.broker
 
@@ -76,3 +81,26 @@ def test_anything_else_that_finds_no_queue_raises_and_the_publisher_goes_on(brok
     assert ready(ch, topology.train_queue(1)) == 1  # committed with it: a restore re-sends it under the same id
     send(publisher, metrics, Outgoing(topology.TRAIN, topology.tier_key(2), task(3)))
     assert ready(ch, topology.train_queue(2)) == 1
+
+
+def connections(url: str) -> int:
+    """The connections open on the test's vhost, as the management API lists them."""
+    return broker_admin.open_connections(unquote(url.rsplit("/", 1)[1]))
+
+
+def settles_at(url: str, expected: int, patience: float = 10.0) -> int:
+    """The vhost's connection count once it equals `expected`, or whatever it is after `patience` seconds."""
+    deadline = time.monotonic() + patience
+    while (n := connections(url)) != expected and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return n
+
+
+def test_a_service_that_commits_in_groups_publishes_on_a_second_connection_and_others_keep_to_one(vhost_url):
+    with running(barrier(), vhost_url, 1):  # it checkpoints on the broker: its outboxes are groups
+        assert settles_at(vhost_url, 2) == 2
+    assert settles_at(vhost_url, 0) == 0  # both closed with it
+    with running(barrier(), vhost_url, 1, persist=False):  # answers one message at a time, as a worker or client does
+        assert settles_at(vhost_url, 1) == 1
+        time.sleep(1.0)
+        assert connections(vhost_url) == 1

@@ -28,3 +28,8 @@ def create_vhost(name: str, user: str = "guest", password: str = "guest") -> str
 def delete_vhost(name: str) -> None:
     """Delete `name` and everything in it (nothing to do if it is gone)."""
     _api().call("DELETE", f"vhosts/{quote(name, safe='')}", missing_ok=True)
+
+
+def open_connections(name: str) -> int:
+    """How many connections are open on vhost `name`."""
+    return len(_api().call("GET", f"vhosts/{quote(name, safe='')}/connections") or [])

@@ -6,9 +6,9 @@ Nothing else in the project builds AMQP frames. Order of a transition's effects,
    happened;
 2. a durable service's new state is saved with its outbox as one checkpoint (confirmed) — write-ahead; a state that
    holds models is saved with only the models no earlier checkpoint carries (`fedat.protocol.journal`);
-3. the outbox is published, dead letters are sent, inputs are acked, last. Under `run_service` an outbox goes as one
-   transaction on a publishing connection of its own (`Publisher`), which the broker commits once every message is
-   queued; elsewhere each message is confirmed.
+3. the outbox is published, dead letters are sent, inputs are acked, last. A service that commits in groups (below)
+   publishes each outbox as one transaction on a connection of its own (`Publisher`), which the broker commits once
+   every message is queued; elsewhere each message is confirmed.
 
 A durable service under `run_service` commits in groups: the transitions of the deliveries (and timers) dispatched
 together are taken in one after the other, each on the state the one before left, and then saved as one checkpoint
@@ -370,6 +370,11 @@ class Runner:
         own = {fingerprint_mod.STATE_VERSION: str(self.codec.version)} if self.codec is not None else {}
         self.fingerprint: dict[str, str] = {**own, **(fingerprint or {})}
 
+    @property
+    def groups(self) -> bool:
+        """Whether the service commits the transitions of one dispatch together (it checkpoints on the broker)."""
+        return self.store is not None and self.store.groups
+
     def restore(self, channel, publish: Callable[[tuple[Sent, ...], TransportMetrics], None] | None = None) -> None:
         """Take the state from the latest checkpoint and publish its outbox again (a crash may have cut it off), with
         `publish` or else one confirm at a time on `channel`."""
@@ -462,7 +467,7 @@ class Session:
         self.unacked: dict[int, tuple] = {}  # raw deliveries by tag, so a held one can be dead-lettered byte for byte
         self.held: dict[int, Held] = {}  # what handlers see of the deliveries they hold
         self.held_view = MappingProxyType(self.held)  # read-only and live: no copy per message
-        self.group = group and runner.store is not None and runner.store.groups
+        self.group = group and runner.groups
         self.staged: list[Staged] = []
         self.staged_bytes = 0
 
@@ -687,8 +692,10 @@ def run_service(
             conn = connect(cfg)
             channel = confirm_channel(conn, cfg)
             channel.basic_qos(prefetch_count=cfg.prefetch)
-            out = connect(cfg)
-            publisher = Publisher(out)
+            # A service that commits in groups has outboxes worth a transaction; a worker or a client answers one
+            # message at a time, and keeps to one connection.
+            out = connect(cfg) if runner.groups else None
+            publisher = Publisher(out) if out is not None else None
             session = Session(conn, channel, runner, group=True, publisher=publisher)
             session.start()
             metrics.connected.set(1)
@@ -698,7 +705,8 @@ def run_service(
                 metrics.loop.set(time.time())
                 conn.process_data_events(time_limit=0.5)  # returns once it has dispatched what arrived
                 session.flush()
-                publisher.poll()  # its heartbeats
+                if publisher is not None:
+                    publisher.poll()  # its heartbeats
                 # A channel closed by the broker (e.g. consumer_timeout) does not raise here: check it.
                 if channel.is_closed or not channel.consumer_tags:
                     raise pe.ChannelClosed(-1, "channel closed or consumer cancelled by the broker")
