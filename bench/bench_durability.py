@@ -25,7 +25,7 @@ REPEATS = 2
 def held(ch, store: BrokerStore) -> int:
     """Bytes of the service's checkpoints on the broker (its snapshot and the journal entries since), left there."""
     total, tags = 0, []
-    for queue in (store.queue, store.journal):
+    for queue in (store.queue, *store.journals):
         while True:
             method, _, body = ch.basic_get(queue, auto_ack=False)
             if method is None:

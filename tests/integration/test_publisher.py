@@ -16,6 +16,7 @@ from fedat.protocol.service import Outgoing
 from fedat.protocol.wire import TrainTask
 from fedat.runtime.bus import BrokerConfig, Publisher, close_quietly, connect, encode_all
 from fedat.runtime.metrics import transport_metrics
+from fedat_aggregator.collector import Collector, CollectorConfig
 
 from .broker import channel, running
 from .test_durability import barrier
@@ -96,11 +97,12 @@ def settles_at(url: str, expected: int, patience: float = 10.0) -> int:
     return n
 
 
-def test_a_service_that_commits_in_groups_publishes_on_a_second_connection_and_others_keep_to_one(vhost_url):
-    with running(barrier(), vhost_url, 1):  # it checkpoints on the broker: its outboxes are groups
-        assert settles_at(vhost_url, 2) == 2
-    assert settles_at(vhost_url, 0) == 0  # both closed with it
-    with running(barrier(), vhost_url, 1, persist=False):  # answers one message at a time, as a worker or client does
+def test_a_durable_service_publishes_on_a_second_connection_and_others_keep_to_one(vhost_url):
+    for persist in (True, False):  # with or without checkpoints: its outboxes are the same
+        with running(barrier(), vhost_url, 1, persist=persist):
+            assert settles_at(vhost_url, 2) == 2
+        assert settles_at(vhost_url, 0) == 0  # both closed with it
+    with running(Collector(CollectorConfig()), vhost_url, 1):  # answers one message at a time, as workers and clients
         assert settles_at(vhost_url, 1) == 1
         time.sleep(1.0)
         assert connections(vhost_url) == 1

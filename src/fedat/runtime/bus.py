@@ -6,9 +6,10 @@ Nothing else in the project builds AMQP frames. Order of a transition's effects,
    happened;
 2. a durable service's new state is saved with its outbox as one checkpoint (confirmed) — write-ahead; a state that
    holds models is saved with only the models no earlier checkpoint carries (`fedat.protocol.journal`);
-3. the outbox is published, dead letters are sent, inputs are acked, last. A service that commits in groups (below)
-   publishes each outbox as one transaction on a connection of its own (`Publisher`), which the broker commits once
-   every message is queued; elsewhere each message is confirmed.
+3. the outbox is published, dead letters are sent, inputs are acked, last. Under `run_service` a durable service
+   (`fedat.protocol.system`: the barrier, the aggregator, the profiler) publishes each outbox as one transaction on a
+   connection of its own (`Publisher`), which the broker commits once every message is queued; elsewhere each
+   message is confirmed.
 
 A durable service under `run_service` commits in groups: the transitions of the deliveries (and timers) dispatched
 together are taken in one after the other, each on the state the one before left, and then saved as one checkpoint
@@ -41,7 +42,7 @@ import pika
 import pika.exceptions as pe
 
 from fedat.errors import BrokerRefused, CheckpointMismatch, CommitFailed  # noqa: F401 (re-exported)
-from fedat.protocol import checkpoint, ids, journal, signing, topology, wire
+from fedat.protocol import checkpoint, ids, journal, signing, system, topology, wire
 from fedat.protocol import fingerprint as fingerprint_mod
 from fedat.protocol.checkpoint import Checkpoint, Sent
 from fedat.protocol.modelstore import Models
@@ -692,9 +693,9 @@ def run_service(
             conn = connect(cfg)
             channel = confirm_channel(conn, cfg)
             channel.basic_qos(prefetch_count=cfg.prefetch)
-            # A service that commits in groups has outboxes worth a transaction; a worker or a client answers one
-            # message at a time, and keeps to one connection.
-            out = connect(cfg) if runner.groups else None
+            # The server's durable services publish outboxes worth a transaction (a round's tasks); a worker or a
+            # client answers one message at a time, and keeps to one connection.
+            out = connect(cfg) if service.name in system.DURABLE else None
             publisher = Publisher(out) if out is not None else None
             session = Session(conn, channel, runner, group=True, publisher=publisher)
             session.start()
