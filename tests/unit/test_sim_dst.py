@@ -33,11 +33,18 @@ def test_every_guarantee_holds_over_every_faulty_seed():
     print(
         f"\n[dst] {len(outcomes)} seeds, {hours:.1f} simulated hours, {faults} crashes and reconnects, "
         f"{sum(o.info.get('versions', 0) for o in outcomes)} global versions, "
+        f"{sum(o.info.get('parts_written', 0) for o in outcomes)} checkpoint parts, "
         f"{time.perf_counter() - started:.0f} s"
     )
     assert not failed, "\n\n".join(o.report() for o in failed)
     assert {o.strategy for o in outcomes} == set(dst.STRATEGIES)
     assert all(o.info["versions"] > 0 for o in outcomes)
+    # The aggregator's checkpoints went in parts on the seeds that ask for it, for the strategies whose state holds
+    # more than one model beside its head, and only there.
+    parted = {o.strategy for o in outcomes if o.info["parts_written"]}
+    if SEEDS >= 2 * len(dst.STRATEGIES):  # a turn of the strategies without parts, then one with
+        assert {"fedat-delta", "fedbuff"} <= parted
+    assert all(o.info["parted"] for o in outcomes if o.info["parts_written"])
     assert faults > len(outcomes)  # faults really were injected
 
 

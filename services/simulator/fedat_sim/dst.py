@@ -6,8 +6,10 @@ recorder over the memory broker; only the trainer is the numpy stand-in of `feda
 seeds run in a minute. After every event the monitor checks what cannot be undone later (a version published with
 two contents or out of order, a round merged twice, a round closed twice differently, a delivery settled twice);
 at the end, with faults off, workers and profiler stopped and the rest drained (as `make chaos` does),
-`fedat.ops.invariants.check` and the broker's ledger audit check the rest. Every state a service saves must be a
-value: a part of it changed in place after a save fails the seed (`StateCodec.verify`). A failing seed replays exactly:
+`fedat.ops.invariants.check` and the broker's ledger audit check the rest, and every durable service's checkpoints
+on the broker must restore. Every state a service saves must be a value: a part of it changed in place after a save
+fails the seed (`StateCodec.verify`). Every other turn of the strategies writes the aggregator's checkpoints in as
+many parts as they allow (`fedat_sim.parted`), so crashes land between the parts of a checkpoint too. A failing seed replays exactly:
 
     python -m fedat_sim.dst --seed N [--minutes M] [--strategy S]   (a range: --seeds A B --jobs 2)
 """
@@ -25,9 +27,13 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 from fedat.deploy.experiment import Experiment
+from fedat.errors import CheckpointError
 from fedat.lab.recorder import RunState
 from fedat.protocol import ids, journal, topology
+from fedat.protocol.checkpoint import Checkpoint
 from fedat.protocol.statecodec import StateCodec
+from fedat.protocol.system import DURABLE
+from fedat.runtime import bus
 from fedat_sim.clock import Clock, Event
 from fedat_sim.fakes import fake_parts
 from fedat_sim.faults import FaultPlan, Injector
@@ -41,6 +47,7 @@ DRAIN_SECONDS = 60.0  # virtual seconds the remaining services get to settle onc
 STRATEGIES = ("fedat", "fedat-uniform", "tifl", "fedasync", "fedbuff", "fedat-delta")  # names in the registry
 ONE_ROUND_PER_TIER = frozenset({"fedat", "fedat-uniform", "fedat-delta", "tifl"})  # see fedat.ops.invariants.check
 NUM_CLIENTS = 10
+PARTED = ("aggregator",)  # the one service whose state holds models, written in parts on the seeds `parts_for` picks
 
 
 def experiment(seed: int, strategy: str) -> Experiment:
@@ -112,6 +119,11 @@ def strategy_for(seed: int) -> str:
     return STRATEGIES[seed % len(STRATEGIES)]
 
 
+def parts_for(seed: int) -> bool:
+    """Every other turn of the strategies writes the aggregator's checkpoints in parts (`fedat_sim.parted`)."""
+    return (seed // len(STRATEGIES)) % 2 == 1
+
+
 def run_seed(
     seed: int, minutes: float = MINUTES, strategy: str | None = None, plan: FaultPlan | None = None
 ) -> Outcome:
@@ -133,9 +145,25 @@ def _run_seed(seed: int, minutes: float, strategy: str | None, plan: FaultPlan |
     monitor = Monitor(broker)
     out = Outcome(seed, strategy, minutes, plan, faults=injector.log)
     events = io.StringIO()
+    parted = PARTED if parts_for(seed) else ()
     system = System(
-        exp, fake_parts(NUM_CLIENTS, seed=seed), clock, broker, RunState(clock.now), events, 2, secret_for(seed)
+        exp,
+        fake_parts(NUM_CLIENTS, seed=seed),
+        clock,
+        broker,
+        RunState(clock.now),
+        events,
+        2,
+        secret_for(seed),
+        parted=parted,
     )
+    parts_written = [0]
+
+    def count_parts(exchange: str, _key: str, _body: bytes, props) -> None:
+        if exchange == topology.STATE and bus.PART_ID in (props.message_id or ""):
+            parts_written[0] += 1
+
+    broker.taps.append(count_parts)
 
     def after_each(event: Event) -> None:
         broken = monitor.now_broken()
@@ -155,7 +183,12 @@ def _run_seed(seed: int, minutes: float, strategy: str | None, plan: FaultPlan |
         out.problems.append(f"{type(exc).__name__}: {exc}")
     system.stop()
     queues = [topology.barrier_queue(m) for m in range(1, system.num_tiers + 1)] + [topology.AGGREGATOR_TIER_MODELS]
-    verdict, audit = monitor.verdict(queues, strategy in ONE_ROUND_PER_TIER, absorbed(broker, system))
+    out.problems += unrestorable(broker)
+    try:
+        pending = absorbed(broker, system)
+    except CheckpointError:
+        pending = []  # reported just above
+    verdict, audit = monitor.verdict(queues, strategy in ONE_ROUND_PER_TIER, pending)
     out.problems += [f"{k}: {n} ({', '.join(verdict.examples.get(k, ()))})" for k, n in verdict.violated().items()]
     out.problems += audit
     counts = system.counts()
@@ -169,6 +202,8 @@ def _run_seed(seed: int, minutes: float, strategy: str | None, plan: FaultPlan |
         "updates_merged": verdict.info.get("updates_merged", 0),
         "dead_letters": verdict.info.get("dead_letters", 0),
         "fingerprint": monitor.fingerprint()[:16],
+        "parted": ",".join(sorted(parted)),
+        "parts_written": parts_written[0],
         # Known, reported, not (yet) a failure: fedat.lab.recorder writes a second `evaluation` line when an evaluator
         # that restarted scores a redelivered version again.
         "recorder_duplicate_evaluations": duplicate_evaluation_lines(events.getvalue()),
@@ -185,16 +220,32 @@ def duplicate_evaluation_lines(events_jsonl: str) -> int:
     return len(versions) - len(set(versions))
 
 
+def latest(broker: MemoryBroker, service: str) -> Checkpoint | None:
+    """The checkpoint a restart of `service` would restore from what the broker holds (CheckpointError if none can)."""
+    saved = broker.ready_messages(topology.state_queue(service))
+    if not saved:
+        return None
+    queues = [topology.journal_queue(service, side) for side in topology.JOURNAL_SIDES]
+    journals = [[e.body for e in broker.ready_messages(q)] for q in queues]
+    return journal.latest(service, saved[-1].body, journals).checkpoint
+
+
+def unrestorable(broker: MemoryBroker) -> list[str]:
+    """A problem for each durable service whose checkpoints on the broker would not restore."""
+    problems = []
+    for service in DURABLE:
+        try:
+            latest(broker, service)
+        except CheckpointError as exc:
+            problems.append(f"{service} would not restore: {exc}")
+    return problems
+
+
 def absorbed(broker: MemoryBroker, system: System) -> list[str]:
     """Tier models the aggregator's last checkpoint holds as pending (FedBuff's buffer): merged by the next version."""
-    saved = broker.ready_messages(topology.state_queue("aggregator"))
-    if not saved:
+    last = latest(broker, "aggregator")
+    if last is None:
         return []
-    journals = [
-        [e.body for e in broker.ready_messages(topology.journal_queue("aggregator", side))]
-        for side in topology.JOURNAL_SIDES
-    ]
-    last = journal.latest("aggregator", saved[-1].body, journals).checkpoint
     state = system.processes["aggregator"].service.codec.decode(last.state, last.models)
     return [ids.tier_model(t, r) for t, r in state.pending]
 

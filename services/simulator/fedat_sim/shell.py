@@ -30,7 +30,7 @@ from prometheus_client import CollectorRegistry
 
 from fedat.protocol import topology
 from fedat.protocol.service import Observation, Service
-from fedat.runtime.bus import RECOVERABLE, BrokerConfig, BrokerRefused, Runner, Session, refused
+from fedat.runtime.bus import RECOVERABLE, BrokerConfig, BrokerRefused, Runner, Session, Store, refused
 from fedat.runtime.metrics import TransportMetrics, transport_metrics
 from fedat_sim.clock import Clock
 from fedat_sim.memory import MemoryBroker, MemoryConnection
@@ -63,9 +63,11 @@ class Process:
         persist: bool = True,
         observe: Callable[[Observation], None] | None = None,
         configure: Callable[[MemoryConnection], None] | None = None,
+        store: Callable[[], Store] | None = None,
     ):
         self.name, self.service, self.broker, self.clock, self.cfg = name, service, broker, clock, cfg
         self.persist, self.observe, self.configure = persist, observe, configure
+        self.store = store  # makes the store of each start; None: the Runner's own (`BrokerStore`)
         self.metrics: TransportMetrics = transport_metrics(CollectorRegistry(), name)
         self.runner: Runner | None = None
         self.conn: MemoryConnection | None = None
@@ -82,7 +84,8 @@ class Process:
     def start(self) -> None:
         """Start the process (a fresh Runner: initial state, restored from its checkpoint on connect)."""
         self.running = True
-        self.runner = Runner(self.service, self.cfg, self.metrics, self.clock, self.persist, self.observe)
+        store = self.store() if self.store is not None else None
+        self.runner = Runner(self.service, self.cfg, self.metrics, self.clock, self.persist, self.observe, store=store)
         self.backoff = FIRST_BACKOFF
         self._connect()
 

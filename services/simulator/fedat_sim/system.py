@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import replace
+from functools import partial
 from typing import IO
 
 from fedat.deploy.experiment import Experiment
@@ -35,6 +36,7 @@ from fedat_profiler.profiler import Profiler
 from fedat_sim.clients import Parts, answer_at_not_before, simulated_worker
 from fedat_sim.clock import Clock
 from fedat_sim.memory import MemoryBroker
+from fedat_sim.parted import PartedStore
 from fedat_sim.pool import Finisher, PoolTrainer, answer_finished
 from fedat_sim.shell import Process
 from fedat_worker import evaluator_main, worker_main
@@ -61,9 +63,11 @@ class System:
         workers: int = 1,
         secret: bytes | None = None,
         durable: bool = True,
+        parted: Collection[str] = (),
     ):
         self.exp, self.parts, self.clock, self.broker = exp, parts, clock, broker
         self.durable = durable
+        self.parted = frozenset(parted)  # services whose checkpoints go in parts wherever they can (`PartedStore`)
         self.env = {**exp.env(), "FEDAT_SIGNING": "off"}  # keys are given per role below, not through files
         self.num_tiers = config.get_int(self.env, "FEDAT_NUM_TIERS", 5)
         self.secret = secret
@@ -108,7 +112,8 @@ class System:
 
         # as its process does: a checkpoint before every effect (a run that only counts its schedule can skip them)
         persist = self.durable and BY_NAME[service.name].durable
-        self.processes[name] = Process(name, service, self.broker, self.clock, cfg, persist, observe, configure)
+        store = partial(PartedStore, service.name) if service.name in self.parted else None
+        self.processes[name] = Process(name, service, self.broker, self.clock, cfg, persist, observe, configure, store)
 
     # --- life -----------------------------------------------------------------------------------------------
     def start(self) -> None:

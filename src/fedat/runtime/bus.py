@@ -52,6 +52,7 @@ from fedat.runtime.tls import TlsConfig, ssl_options
 
 log = logging.getLogger(__name__)
 
+PART_ID = "-part"  # a checkpoint part's message id: `<service>-<seq>-part<i>`
 GROUP_MAX = 64  # transitions in one group commit at most; its outbox bytes are capped by the message size too
 
 # Loss of the connection or the channel: rebuild and start over (unacked work is redelivered).
@@ -317,7 +318,7 @@ class BrokerStore:
             if self.side != self.superseded:
                 self._purge(channel, self.side)  # it holds only records of older snapshots
         for i, part in enumerate(parts):
-            self._publish(channel, part, topology.journal_key(self.service, self.side), f"-part{i}")
+            self._publish(channel, part, topology.journal_key(self.service, self.side), f"{PART_ID}{i}")
         self.holding[self.side] |= bool(parts) or c.base is not None
         key = self.service if c.base is None else topology.journal_key(self.service, self.side)
         self._publish(channel, record, key)
