@@ -62,6 +62,18 @@ def test_an_outbox_is_queued_in_full_when_its_commit_returns(broker):
     assert published(metrics) == 10
 
 
+def test_an_outbox_larger_than_a_transaction_may_hold_is_committed_in_several(broker, monkeypatch):
+    ch, publisher, metrics = broker
+    sent = encode_all([Outgoing(topology.TRAIN, topology.tier_key(1), task(c)) for c in range(10)], BrokerConfig())
+    publisher.max_bytes = 3 * len(sent[0].body)  # three tasks a transaction: the broker holds them until the commit
+    commits = []
+    monkeypatch.setattr(
+        publisher.channel, "tx_commit", lambda commit=publisher.channel.tx_commit: commits.append(commit())
+    )
+    publisher.publish(sent, metrics)
+    assert len(commits) == 4 and ready(ch, topology.train_queue(1)) == 10 and published(metrics) == 10
+
+
 def test_a_task_for_a_client_without_a_queue_is_dropped_and_the_rest_go(broker):
     ch, publisher, metrics = broker
     send(

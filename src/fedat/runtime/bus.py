@@ -53,6 +53,7 @@ from fedat.runtime.tls import TlsConfig, ssl_options
 log = logging.getLogger(__name__)
 
 PART_ID = "-part"  # a checkpoint part's message id: `<service>-<seq>-part<i>`
+TX_MAX_BYTES = 16 * 1024 * 1024  # message bytes in one transaction at most: the broker holds them until the commit
 GROUP_MAX = 64  # transitions in one group commit at most; its outbox bytes are capped by the message size too
 
 # Loss of the connection or the channel: rebuild and start over (unacked work is redelivered).
@@ -144,26 +145,31 @@ def _count(metrics: TransportMetrics | None, s: Sent) -> None:
 
 
 class Publisher:
-    """Publishes each outbox as one AMQP transaction, on a connection of its own: one round trip to the broker per
-    outbox instead of one confirm per message. RabbitMQ answers the commit once every message is in its queues (as
-    durable as a confirm), and sends the returns of unroutable messages before it.
+    """Publishes each outbox as AMQP transactions, on a connection of its own: one round trip to the broker per
+    outbox instead of one confirm per message. RabbitMQ answers a commit once every message is in its queues (as
+    durable as a confirm), and sends the returns of unroutable messages before it. The broker holds a transaction's
+    messages in memory until its commit, so an outbox larger than `max_bytes` is committed in several.
 
     Its own connection, because a channel in transaction mode cannot take confirms, and its returns are dispatched
     by polling the connection, which on the consuming connection would also dispatch deliveries."""
 
-    def __init__(self, conn: pika.BlockingConnection):
-        self.conn = conn
+    def __init__(self, conn: pika.BlockingConnection, max_bytes: int = TX_MAX_BYTES):
+        self.conn, self.max_bytes = conn, max_bytes
         self.channel = conn.channel()
         self.channel.tx_select()
         self.returned: list[str] = []  # message ids returned unroutable since the last commit
         self.channel.add_on_return_callback(lambda _ch, _method, props, _body: self.returned.append(props.message_id))
 
     def publish(self, sent: tuple[Sent, ...], metrics: TransportMetrics | None = None) -> None:
-        """Publish `sent` mandatory and persistent as one transaction; raises UnroutableError (after the commit) for
-        a message that found no queue where one must exist."""
-        if not sent:
-            return
+        """Publish `sent` mandatory and persistent in transactions of at most `max_bytes` (or one message); raises
+        UnroutableError, once all is committed, for a message that found no queue where one must exist."""
+        lost: list[str] = []
+        batch: list[Sent] = []
+        held = 0  # bytes of `batch`
         for s in sent:
+            if batch and held + len(s.body) > self.max_bytes:
+                lost += self._commit(batch, metrics)
+                batch, held = [], 0
             self.channel.basic_publish(
                 exchange=s.exchange,
                 routing_key=s.routing_key,
@@ -171,20 +177,27 @@ class Publisher:
                 properties=properties(s.kind, s.id, dict(s.headers)),
                 mandatory=True,
             )
-        self.channel.tx_commit()
-        self.poll()  # the returns arrived before the commit-ok; this dispatches them
-        returned, self.returned = set(self.returned), []
-        lost = [
-            f"{s.kind} {s.id} to {s.exchange} (key {s.routing_key})"
-            for s in sent
-            if s.id in returned and not _droppable(s)
-        ]
+            batch.append(s)
+            held += len(s.body)
+        if batch:
+            lost += self._commit(batch, metrics)
         if lost:
             log.error("found no queue, where one must exist: %s", "; ".join(lost))
             raise pe.UnroutableError(lost)
-        for s in sent:
+
+    def _commit(self, batch: list[Sent], metrics: TransportMetrics | None) -> list[str]:
+        """Commit what was published since the last commit; the messages that found no queue where one must exist."""
+        self.channel.tx_commit()
+        self.poll()  # the returns arrived before the commit-ok; this dispatches them
+        returned, self.returned = set(self.returned), []
+        for s in batch:
             if s.id not in returned:
                 _count(metrics, s)
+        return [
+            f"{s.kind} {s.id} to {s.exchange} (key {s.routing_key})"
+            for s in batch
+            if s.id in returned and not _droppable(s)
+        ]
 
     def poll(self) -> None:
         """Serve the connection (heartbeats, returns) without waiting."""
