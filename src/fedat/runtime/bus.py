@@ -475,7 +475,7 @@ class Session:
 
     def __init__(self, conn, channel, runner: Runner, group: bool = False, publisher: Publisher | None = None):
         self.conn, self.channel, self.runner = conn, channel, runner
-        # outboxes go as one transaction each through `publisher`, or else one confirm at a time on `channel`
+        # outboxes go in transactions through `publisher`, or else one confirm at a time on `channel`
         self.publish = publisher.publish if publisher is not None else partial(publish_sent, channel)
         self.service, self.metrics, self.cfg = runner.service, runner.metrics, runner.cfg
         self.subscriptions = self.service.subscriptions()
