@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.bench_pipeline import aggregator_side  # noqa: E402
 from fedat.fl.strategies import build_strategy  # noqa: E402
 from fedat.ops import broker_admin  # noqa: E402
-from fedat.runtime.bus import BrokerStore  # noqa: E402
+from fedat.runtime.brokerstore import BrokerStore  # noqa: E402
 from fedat_aggregator.aggregator import Aggregator, AggregatorConfig  # noqa: E402
 from fedat_aggregator.barrier import Barrier, BarrierConfig  # noqa: E402
 from tests.integration.broker import channel, running  # noqa: E402

@@ -28,7 +28,7 @@ from fedat.protocol.checkpoint import Checkpoint
 from fedat.protocol.modelstore import Models, Stored
 from fedat.protocol.service import Held, Inbound, Observation, Outgoing
 from fedat.protocol.wire import TierAssignment, TierModel, encode_model, seed_model
-from fedat.runtime import bus
+from fedat.runtime import brokerstore, bus, publishing
 from fedat.runtime.metrics import transport_metrics
 from fedat_aggregator.aggregator import MERGES, Aggregator, AggregatorConfig
 from fedat_aggregator.barrier import Barrier, BarrierConfig
@@ -97,8 +97,8 @@ def run(strategy: str, arrivals: list[TierModel], g0: wire.GlobalModel, persist:
     try:
         conn = bus.connect(cfg)
         ch = bus.confirm_channel(conn, cfg)
-        bus.publish_sent(ch, bus.encode_all([Outgoing(topology.GLOBAL, "", g0)], cfg))
-        bus.publish_sent(ch, bus.encode_all([Outgoing(topology.TIER_MODELS, "", tm) for tm in arrivals], cfg))
+        publishing.publish_sent(ch, bus.encode_all([Outgoing(topology.GLOBAL, "", g0)], cfg))
+        publishing.publish_sent(ch, bus.encode_all([Outgoing(topology.TIER_MODELS, "", tm) for tm in arrivals], cfg))
         conn.close()
 
         service = Aggregator(AggregatorConfig(num_tiers=TIERS), build_strategy(strategy))
@@ -257,10 +257,10 @@ def parts_vs_whole(copies: int, part_bytes: int) -> dict[str, list[float]]:
         for _ in range(REPEATS):
             for how, limit in (("whole", whole), ("parts", part_bytes)):
                 t0 = time.perf_counter()
-                bus.BrokerStore("aggregator", limit).save(ch, snapshot)
+                brokerstore.BrokerStore("aggregator", limit).save(ch, snapshot)
                 out[f"save {how}"].append(time.perf_counter() - t0)
                 t0 = time.perf_counter()
-                restored = bus.BrokerStore("aggregator", limit).restore(ch)
+                restored = brokerstore.BrokerStore("aggregator", limit).restore(ch)
                 out[f"restore {how}"].append(time.perf_counter() - t0)
                 assert restored is not None and set(restored.checkpoint.models) == set(live)
         conn.close()

@@ -201,7 +201,8 @@ def aggregator_side_in_memory(versions: int = 60, tiers: int = 5, per_round: int
     import pika
 
     from fedat.protocol import wire
-    from fedat.runtime.bus import BrokerConfig, properties
+    from fedat.runtime.bus import BrokerConfig
+    from fedat.runtime.publishing import properties
     from fedat_sim.clock import Clock
     from fedat_sim.memory import MemoryBroker
     from fedat_sim.shell import Process

@@ -30,7 +30,8 @@ from fedat.deploy import release_test
 from fedat.deploy.provision import ManagementApi
 from fedat.deploy.roles import roles
 from fedat.protocol import checkpoint, fingerprint, topology, wire
-from fedat.runtime.bus import BrokerConfig, BrokerStore, run_service
+from fedat.runtime.brokerstore import BrokerStore
+from fedat.runtime.bus import BrokerConfig, run_service
 from fedat.runtime.metrics import serve, transport_metrics
 from fedat.runtime.serving import fingerprint_of
 from fedat_aggregator.aggregator import Aggregator, AggregatorConfig

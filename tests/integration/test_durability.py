@@ -11,7 +11,7 @@ from fedat.fl.strategies import build_strategy
 from fedat.protocol import checkpoint, topology
 from fedat.protocol.service import Inbound
 from fedat.protocol.wire import GlobalModel, TierModel, decode_model, encode, encode_model, seed_model
-from fedat.runtime.bus import BrokerStore
+from fedat.runtime.brokerstore import BrokerStore
 from fedat_aggregator.aggregator import Aggregator, AggregatorConfig
 from fedat_aggregator.barrier import Barrier, BarrierConfig, Phase
 from fedat_profiler.profiler import Profiler, ProfilerConfig, Stage

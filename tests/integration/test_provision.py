@@ -298,7 +298,7 @@ def test_a_checkpoint_outlives_its_restores_under_a_blanket_delivery_limit(deplo
     RabbitMQ 4.0-4.2 give every quorum queue a delivery limit (20) unless told otherwise: the state queues' policy
     keeps the checkpoints however often the service restarts."""
     from fedat.protocol.checkpoint import Checkpoint
-    from fedat.runtime.bus import BrokerStore
+    from fedat.runtime.brokerstore import BrokerStore
 
     api = ManagementApi(API, *ADMIN)
     v = quote(deployment.vhost, safe="")

@@ -14,8 +14,9 @@ from fedat.ops import broker_admin
 from fedat.protocol import topology
 from fedat.protocol.service import Outgoing
 from fedat.protocol.wire import TrainTask
-from fedat.runtime.bus import BrokerConfig, Publisher, close_quietly, connect, encode_all
+from fedat.runtime.bus import BrokerConfig, close_quietly, connect, encode_all
 from fedat.runtime.metrics import transport_metrics
+from fedat.runtime.publishing import Publisher
 from fedat_aggregator.collector import Collector, CollectorConfig
 
 from .broker import channel, running

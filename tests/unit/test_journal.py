@@ -17,7 +17,7 @@ from fedat.protocol import checkpoint, journal, topology, wire
 from fedat.protocol.checkpoint import Checkpoint
 from fedat.protocol.modelstore import Models, Stored
 from fedat.protocol.service import Inbound
-from fedat.runtime import bus
+from fedat.runtime import brokerstore, bus
 from fedat.runtime.metrics import transport_metrics
 from fedat_aggregator.aggregator import Aggregator, AggregatorConfig
 from fedat_sim.clock import Clock
@@ -139,7 +139,7 @@ def test_a_crash_between_a_snapshot_and_the_purge_leaves_entries_that_are_ignore
     newer = replace(journal.latest("aggregator", checkpoint.encode(snap), [entries]).checkpoint, base=None)
     newer = replace(newer, seq=s.runner.seq + 1)
     ch = s.broker.connect("x").channel()
-    bus.BrokerStore("aggregator").save(ch, newer)
+    brokerstore.BrokerStore("aggregator").save(ch, newer)
     again = s.fresh()
     assert again.seq == newer.seq and s.queued(topology.journal_queue("aggregator")) == []
     assert _same(again.state, s.runner.state)
@@ -178,7 +178,7 @@ def test_a_checkpoint_written_before_journals_restores_and_the_next_save_is_a_sn
     broker.declare_topology(1)
     old = Checkpoint("aggregator", 9, 0.0, s.service.codec.encode(state), ())  # arrays inline, format 1
     ch = broker.connect("x").channel()
-    bus.BrokerStore("aggregator").save(ch, old)
+    brokerstore.BrokerStore("aggregator").save(ch, old)
     s.broker, s.runner = broker, None
     s.runner = s.fresh()
     assert s.runner.seq == 9 and _same(s.runner.state, state)
@@ -246,7 +246,7 @@ def test_a_crash_while_a_snapshot_s_parts_are_written_leaves_the_old_snapshot_an
         s.arrive((k,))
     before = _records(s)
     ch = s.broker.connect("x").channel()
-    store = bus.BrokerStore("aggregator", 8 * MODEL_BYTES)
+    store = brokerstore.BrokerStore("aggregator", 8 * MODEL_BYTES)
     latest = store.restore(ch).checkpoint
     newer = replace(latest, seq=s.runner.seq + 1, base=None)
     with pytest.raises(ConnectionError):
@@ -350,7 +350,7 @@ def test_the_journal_of_a_snapshot_that_fits_a_message_is_the_first_queue_where_
     broker = MemoryBroker(Clock())
     broker.declare_topology(1)
     ch = broker.connect("aggregator").channel()
-    store = bus.BrokerStore("aggregator", 20_000)
+    store = brokerstore.BrokerStore("aggregator", 20_000)
 
     def save(seq: int, digests: list[bytes], base: int | None = None) -> None:
         carried = {d: Stored.of(d, arrays[d]) for d in digests}
@@ -368,7 +368,7 @@ def test_the_journal_of_a_snapshot_that_fits_a_message_is_the_first_queue_where_
     assert [c.seq for c in held(0)] == [3] and held(1) == []
     save(4, d)  # in parts again: the second queue, and the first's entry is gone
     assert {c.part for c in held(1)} == {True} and held(0) == []
-    restored = bus.BrokerStore("aggregator").restore(ch)
+    restored = brokerstore.BrokerStore("aggregator").restore(ch)
     assert restored.checkpoint.seq == 4 and set(restored.checkpoint.models) == set(arrays) and restored.side == 1
 
 

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from fedat.protocol.statecodec import StateError
-from fedat.runtime import bus
+from fedat.runtime import bus, publishing
 from fedat_sim import dst
 from fedat_sim.faults import FaultPlan
 
@@ -64,7 +64,7 @@ def test_the_sweep_catches_outputs_published_before_their_checkpoint(monkeypatch
     original = bus.Runner.save
 
     def publish_first(self, channel, state, sent):
-        bus.publish_sent(channel, sent, self.metrics)
+        publishing.publish_sent(channel, sent, self.metrics)
         original(self, channel, state, ())
 
     monkeypatch.setattr(bus.Runner, "save", publish_first)

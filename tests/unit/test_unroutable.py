@@ -9,7 +9,8 @@ import pytest
 from fedat.protocol import topology
 from fedat.protocol.service import Outgoing
 from fedat.protocol.wire import EvaluationRequest, TrainTask
-from fedat.runtime.bus import BrokerConfig, encode_all, publish_sent
+from fedat.runtime.bus import BrokerConfig, encode_all
+from fedat.runtime.publishing import publish_sent
 from fedat_sim.clock import Clock
 from fedat_sim.memory import MemoryBroker
 

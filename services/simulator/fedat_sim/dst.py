@@ -9,7 +9,8 @@ at the end, with faults off, workers and profiler stopped and the rest drained (
 `fedat.ops.invariants.check` and the broker's ledger audit check the rest, and every durable service's checkpoints
 on the broker must restore. Every state a service saves must be a value: a part of it changed in place after a save
 fails the seed (`StateCodec.verify`). Every other turn of the strategies writes the aggregator's checkpoints in as
-many parts as they allow (`fedat_sim.parted`), so crashes land between the parts of a checkpoint too. A failing seed replays exactly:
+many parts as they allow (`fedat_sim.parted`), so crashes land between the parts of a checkpoint too. A failing
+seed replays exactly:
 
     python -m fedat_sim.dst --seed N [--minutes M] [--strategy S]   (a range: --seeds A B --jobs 2)
 """
@@ -33,7 +34,7 @@ from fedat.protocol import ids, journal, topology
 from fedat.protocol.checkpoint import Checkpoint
 from fedat.protocol.statecodec import StateCodec
 from fedat.protocol.system import DURABLE
-from fedat.runtime import bus
+from fedat.runtime import brokerstore
 from fedat_sim.clock import Clock, Event
 from fedat_sim.fakes import fake_parts
 from fedat_sim.faults import FaultPlan, Injector
@@ -160,7 +161,7 @@ def _run_seed(seed: int, minutes: float, strategy: str | None, plan: FaultPlan |
     parts_written = [0]
 
     def count_parts(exchange: str, _key: str, _body: bytes, props) -> None:
-        if exchange == topology.STATE and bus.PART_ID in (props.message_id or ""):
+        if exchange == topology.STATE and brokerstore.PART_ID in (props.message_id or ""):
             parts_written[0] += 1
 
     broker.taps.append(count_parts)

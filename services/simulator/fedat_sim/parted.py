@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from fedat.protocol import checkpoint, journal
 from fedat.protocol.checkpoint import Checkpoint
-from fedat.runtime.bus import BrokerStore
+from fedat.runtime.brokerstore import BrokerStore
 
 
 def tightest_limit(c: Checkpoint) -> int:

@@ -33,7 +33,7 @@ import pika
 
 from fedat.protocol.service import Outgoing
 from fedat.protocol.wire import Update, decode, encode_model
-from fedat.runtime import bus
+from fedat.runtime import bus, publishing
 from fedat_sim.clients import Parts, answer_at_not_before
 from fedat_sim.memory import MemoryConnection
 from fedat_worker.training import Trainer, TrainResult
@@ -166,4 +166,4 @@ class Finisher:
             layers = encode_model(result.weights, self.names, codec, precision, bases=start)
         update = replace(stand_in, loss=result.loss, train_seconds=result.seconds, layers=layers)
         (sent,) = bus.encode_all([Outgoing(exchange, routing_key, update)], self.cfg)
-        return sent.body, bus.properties(sent.kind, sent.id, dict(sent.headers))
+        return sent.body, publishing.properties(sent.kind, sent.id, dict(sent.headers))

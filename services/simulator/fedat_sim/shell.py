@@ -30,7 +30,8 @@ from prometheus_client import CollectorRegistry
 
 from fedat.protocol import topology
 from fedat.protocol.service import Observation, Service
-from fedat.runtime.bus import RECOVERABLE, BrokerConfig, BrokerRefused, Runner, Session, Store, refused
+from fedat.runtime.brokerstore import Store
+from fedat.runtime.bus import RECOVERABLE, BrokerConfig, BrokerRefused, Runner, Session, refused
 from fedat.runtime.metrics import TransportMetrics, transport_metrics
 from fedat_sim.clock import Clock
 from fedat_sim.memory import MemoryBroker, MemoryConnection

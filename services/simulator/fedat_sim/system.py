@@ -27,7 +27,7 @@ from fedat.protocol import signing, topology
 from fedat.protocol.service import Observation, Outgoing
 from fedat.protocol.system import BY_NAME, SERVICES, Mode, Phase, service
 from fedat.protocol.wire import seed_model
-from fedat.runtime import bus, config
+from fedat.runtime import bus, config, publishing
 from fedat_aggregator import aggregator_main, barrier_main
 from fedat_aggregator.aggregator import Aggregator
 from fedat_aggregator.barrier import Barrier
@@ -147,7 +147,7 @@ class System:
         channel.confirm_delivery()
         if cfg.declare:
             topology.declare(channel, cfg.num_tiers)
-        bus.publish_sent(channel, sent)
+        publishing.publish_sent(channel, sent)
         conn.close()
 
     def stop(self, names: list[str] | None = None) -> None:

@@ -1,6 +1,7 @@
 """The one port to RabbitMQ: runs a Service (decode -> handler -> save -> publish, confirmed -> ack) and reconnects.
 
-Nothing else in the project builds AMQP frames. Order of a transition's effects, and why it is safe:
+Nothing outside `fedat.runtime` builds AMQP frames (`publishing` sends, `brokerstore` keeps checkpoints). Order of
+a transition's effects, and why it is safe:
 
 1. the outputs are encoded (and signed) first, so an output that cannot be sent rejects the input before anything
    happened;
@@ -8,7 +9,7 @@ Nothing else in the project builds AMQP frames. Order of a transition's effects,
    holds models is saved with only the models no earlier checkpoint carries (`fedat.protocol.journal`);
 3. the outbox is published, dead letters are sent, inputs are acked, last. Under `run_service` a durable service
    (`fedat.protocol.system`: the barrier, the aggregator, the profiler) publishes each outbox as one transaction on a
-   connection of its own (`Publisher`), which the broker commits once every message is queued; elsewhere each
+   connection of its own (`publishing.Publisher`), which the broker commits once every message is queued; elsewhere each
    message is confirmed.
 
 A durable service under `run_service` commits in groups: the transitions of the deliveries (and timers) dispatched
@@ -36,24 +37,24 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any
 
 import pika
 import pika.exceptions as pe
 
 from fedat.errors import BrokerRefused, CheckpointMismatch, CommitFailed  # noqa: F401 (re-exported)
-from fedat.protocol import checkpoint, ids, journal, signing, system, topology, wire
 from fedat.protocol import fingerprint as fingerprint_mod
+from fedat.protocol import ids, journal, signing, system, topology, wire
 from fedat.protocol.checkpoint import Checkpoint, Sent
 from fedat.protocol.modelstore import Models
 from fedat.protocol.service import NOTHING, Effects, Held, Inbound, Interrupted, Observation, Outgoing, Reject, Service
+from fedat.runtime.brokerstore import BrokerStore, Store
 from fedat.runtime.metrics import TransportMetrics
+from fedat.runtime.publishing import Publisher, publish_sent
 from fedat.runtime.tls import TlsConfig, ssl_options
 
 log = logging.getLogger(__name__)
 
-PART_ID = "-part"  # a checkpoint part's message id: `<service>-<seq>-part<i>`
-TX_MAX_BYTES = 16 * 1024 * 1024  # message bytes in one transaction at most: the broker holds them until the commit
 GROUP_MAX = 64  # transitions in one group commit at most; its outbox bytes are capped by the message size too
 
 # Loss of the connection or the channel: rebuild and start over (unacked work is redelivered).
@@ -85,18 +86,6 @@ def connect(cfg: BrokerConfig) -> pika.BlockingConnection:
     return pika.BlockingConnection(params)
 
 
-def properties(kind: str, message_id: str, headers: Mapping[str, str] | None = None) -> pika.BasicProperties:
-    """Persistent, typed, identified AMQP properties for a message."""
-    return pika.BasicProperties(
-        delivery_mode=pika.DeliveryMode.Persistent,
-        content_type="application/msgpack",
-        message_id=message_id,
-        type=kind,
-        timestamp=int(time.time()),
-        headers=dict(headers) if headers else None,
-    )
-
-
 def encode_all(outgoing: Iterable[Outgoing], cfg: BrokerConfig) -> tuple[Sent, ...]:
     """Encode (and sign) every message; raises WireError for one over the size limit, before anything is sent."""
     sent = []
@@ -107,101 +96,6 @@ def encode_all(outgoing: Iterable[Outgoing], cfg: BrokerConfig) -> tuple[Sent, .
             headers = tuple(signing.sign(cfg.keyring, out.message, body).items())
         sent.append(Sent(out.exchange, out.routing_key, out.message.kind, out.message.id, body, headers))
     return tuple(sent)
-
-
-def publish_sent(channel, sent: Iterable[Sent], metrics: TransportMetrics | None = None) -> None:
-    """Publish encoded messages mandatory and persistent on a confirm channel, one confirm each; raises if nacked, or
-    unroutable where a queue must exist (`topology.may_be_unroutable`)."""
-    for s in sent:
-        try:
-            channel.basic_publish(
-                exchange=s.exchange,
-                routing_key=s.routing_key,
-                body=s.body,
-                properties=properties(s.kind, s.id, dict(s.headers)),
-                mandatory=True,
-            )
-        except pe.UnroutableError:
-            if not _droppable(s):
-                raise
-            continue
-        _count(metrics, s)
-
-
-def _droppable(s: Sent) -> bool:
-    """Whether an unroutable message is dropped (logged) rather than an error."""
-    # A real client's queue may be gone (revoked, purged): its task is lost like an unanswered one, and the round's
-    # deadline covers it. Anything else unroutable is a broken topology: fail loudly.
-    if not topology.may_be_unroutable(s.exchange, s.routing_key):
-        return False
-    log.info("%s %s found no queue on %s (key %s); dropped", s.kind, s.id, s.exchange, s.routing_key)
-    return True
-
-
-def _count(metrics: TransportMetrics | None, s: Sent) -> None:
-    if metrics:
-        metrics.published.labels(s.kind).inc()
-        metrics.published_bytes.labels(s.kind).inc(len(s.body))
-
-
-class Publisher:
-    """Publishes each outbox as AMQP transactions, on a connection of its own: one round trip to the broker per
-    outbox instead of one confirm per message. RabbitMQ answers a commit once every message is in its queues (as
-    durable as a confirm), and sends the returns of unroutable messages before it. The broker holds a transaction's
-    messages in memory until its commit, so an outbox larger than `max_bytes` is committed in several.
-
-    Its own connection, because a channel in transaction mode cannot take confirms, and its returns are dispatched
-    by polling the connection, which on the consuming connection would also dispatch deliveries."""
-
-    def __init__(self, conn: pika.BlockingConnection, max_bytes: int = TX_MAX_BYTES):
-        self.conn, self.max_bytes = conn, max_bytes
-        self.channel = conn.channel()
-        self.channel.tx_select()
-        self.returned: list[str] = []  # message ids returned unroutable since the last commit
-        self.channel.add_on_return_callback(lambda _ch, _method, props, _body: self.returned.append(props.message_id))
-
-    def publish(self, sent: tuple[Sent, ...], metrics: TransportMetrics | None = None) -> None:
-        """Publish `sent` mandatory and persistent in transactions of at most `max_bytes` (or one message); raises
-        UnroutableError, once all is committed, for a message that found no queue where one must exist."""
-        lost: list[str] = []
-        batch: list[Sent] = []
-        held = 0  # bytes of `batch`
-        for s in sent:
-            if batch and held + len(s.body) > self.max_bytes:
-                lost += self._commit(batch, metrics)
-                batch, held = [], 0
-            self.channel.basic_publish(
-                exchange=s.exchange,
-                routing_key=s.routing_key,
-                body=s.body,
-                properties=properties(s.kind, s.id, dict(s.headers)),
-                mandatory=True,
-            )
-            batch.append(s)
-            held += len(s.body)
-        if batch:
-            lost += self._commit(batch, metrics)
-        if lost:
-            log.error("found no queue, where one must exist: %s", "; ".join(lost))
-            raise pe.UnroutableError(lost)
-
-    def _commit(self, batch: list[Sent], metrics: TransportMetrics | None) -> list[str]:
-        """Commit what was published since the last commit; the messages that found no queue where one must exist."""
-        self.channel.tx_commit()
-        self.poll()  # the returns arrived before the commit-ok; this dispatches them
-        returned, self.returned = set(self.returned), []
-        for s in batch:
-            if s.id not in returned:
-                _count(metrics, s)
-        return [
-            f"{s.kind} {s.id} to {s.exchange} (key {s.routing_key})"
-            for s in batch
-            if s.id in returned and not _droppable(s)
-        ]
-
-    def poll(self) -> None:
-        """Serve the connection (heartbeats, returns) without waiting."""
-        self.conn.process_data_events(time_limit=0)
 
 
 def publish_once(
@@ -250,109 +144,6 @@ def close_quietly(conn: pika.BlockingConnection | None) -> None:
             conn.close()
         except RECOVERABLE:
             pass
-
-
-class Store(Protocol):
-    """Where a durable service's checkpoints live: the broker (`BrokerStore`) or a folder (`filestore.FileStore`)."""
-
-    where: str  # named in a refusal of its checkpoint
-    groups: bool  # whether transitions are worth committing together behind one write
-    written: int  # bytes of the checkpoints saved through it
-
-    def restore(self, channel) -> journal.Restored | None: ...
-
-    def save(self, channel, c: Checkpoint) -> None:
-        """Write `c` durably; a snapshot then drops the records it supersedes."""
-
-
-class BrokerStore:
-    """A service's checkpoints on the broker: the latest snapshot in its single-message quorum queue
-    `fedat.state.<service>`, the records since in one of its two journal queues `fedat.state.<service>.journal[-2]`
-    (`fedat.protocol.journal`). A record larger than `limit` bytes goes as parts; a snapshot's parts go to the journal
-    queue its predecessor's records are not in, which then holds the new snapshot's records; the records of a
-    snapshot that fits a message go to the first."""
-
-    def __init__(self, service: str, limit: int = wire.MAX_MESSAGE_BYTES):
-        self.service = service
-        self.limit = limit
-        self.queue = topology.state_queue(service)
-        self.journals = tuple(topology.journal_queue(service, side) for side in topology.JOURNAL_SIDES)
-        self.where = self.queue  # named in a refusal of its checkpoint
-        self.groups = True  # a confirmed write is worth sharing among the transitions of one dispatch
-        self.written = 0  # bytes of the checkpoints saved through this store
-        self.side = 0  # the journal queue of the latest snapshot's records
-        self.superseded = 0  # the journal queue of the records the latest snapshot supersedes
-        self.holding = [False] * len(self.journals)  # which journal queues hold records, as of the last read
-
-    def load(self, channel) -> Checkpoint | None:
-        """The latest checkpoint, with every stored array its state refers to; None if the service never saved one.
-        Every queue keeps everything it holds."""
-        restored = self._latest(channel)
-        return None if restored is None else restored.checkpoint
-
-    def restore(self, channel) -> journal.Restored | None:
-        """The latest checkpoint and what the broker holds of the service's checkpoints, for the process that goes on
-        from it: records of an older snapshot (a crash between a snapshot and the purge) are dropped."""
-        restored = self._latest(channel)
-        if restored is not None:
-            self.side = self.superseded = restored.side
-            for side in restored.stale:
-                self._purge(channel, side)
-        return restored
-
-    def _latest(self, channel) -> journal.Restored | None:
-        snapshot = self._read(channel, self.queue)
-        journals = [self._read(channel, q) for q in self.journals]
-        self.holding = [bool(records) for records in journals]
-        return journal.latest(self.service, snapshot[0] if snapshot else None, journals)
-
-    @staticmethod
-    def _read(channel, queue: str) -> list[bytes]:
-        """Every message of `queue`, left in it: got one by one, held, then all given back."""
-        got = []
-        while True:
-            method, _, body = channel.basic_get(queue, auto_ack=False)
-            if method is None:
-                break
-            got.append((method.delivery_tag, body))
-        for tag, _ in reversed(got):  # it is the state, not a task; in reverse, so a queue that requeues at its
-            channel.basic_nack(delivery_tag=tag, requeue=True)  # head keeps its order
-        return [body for _, body in got]
-
-    def save(self, channel, c: Checkpoint) -> None:
-        """Write a snapshot (it replaces the state queue's message) or a journal entry, confirmed, its parts first;
-        a snapshot then drops the records it supersedes."""
-        parts, record = journal.split(c, self.limit)
-        if c.base is None:
-            # A snapshot in parts moves to the other journal queue, so that the old snapshot's records stay whole
-            # until it is replaced; one that fits a message keeps its journal in the first, where a release that
-            # knows one journal queue finds it.
-            self.superseded, self.side = self.side, (1 - self.side) if parts else 0
-            if self.side != self.superseded:
-                self._purge(channel, self.side)  # it holds only records of older snapshots
-        for i, part in enumerate(parts):
-            self._publish(channel, part, topology.journal_key(self.service, self.side), f"{PART_ID}{i}")
-        self.holding[self.side] |= bool(parts) or c.base is not None
-        key = self.service if c.base is None else topology.journal_key(self.service, self.side)
-        self._publish(channel, record, key)
-        if c.base is None:
-            self._purge(channel, self.superseded)
-
-    def _publish(self, channel, c: Checkpoint, key: str, suffix: str = "") -> None:
-        body = checkpoint.encode(c)
-        channel.basic_publish(
-            exchange=topology.STATE,
-            routing_key=key,
-            body=body,
-            properties=properties("checkpoint", f"{self.service}-{c.seq}{suffix}"),
-            mandatory=True,
-        )
-        self.written += len(body)
-
-    def _purge(self, channel, side: int) -> None:
-        if self.holding[side]:
-            channel.queue_purge(self.journals[side])
-            self.holding[side] = False
 
 
 class Runner:

@@ -16,7 +16,8 @@ from fedat.fl import strategies
 from fedat.protocol import fingerprint
 from fedat.protocol.service import Observation, Service
 from fedat.runtime import config
-from fedat.runtime.bus import BrokerConfig, Store, run_service, wait_for_consumers
+from fedat.runtime.brokerstore import Store
+from fedat.runtime.bus import BrokerConfig, run_service, wait_for_consumers
 from fedat.runtime.metrics import LIVENESS_SECONDS, TransportMetrics, serve
 
 log = logging.getLogger(__name__)

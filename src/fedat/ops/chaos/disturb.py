@@ -22,7 +22,8 @@ from fedat.ops.devbroker import PrivateBroker
 from fedat.ops.invariants import check
 from fedat.protocol import ids
 from fedat.protocol.system import Phase
-from fedat.runtime.bus import BrokerConfig, BrokerStore, close_quietly, connect
+from fedat.runtime.brokerstore import BrokerStore
+from fedat.runtime.bus import BrokerConfig, close_quietly, connect
 from fedat_aggregator.aggregator import Aggregator
 
 SETTLE_SECONDS = 4.0  # then let the pipeline run on a little before stopping
