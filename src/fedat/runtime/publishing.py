@@ -36,18 +36,23 @@ def publish_sent(channel, sent: Iterable[Sent], metrics: TransportMetrics | None
     unroutable where a queue must exist (`topology.may_be_unroutable`)."""
     for s in sent:
         try:
-            channel.basic_publish(
-                exchange=s.exchange,
-                routing_key=s.routing_key,
-                body=s.body,
-                properties=properties(s.kind, s.id, dict(s.headers)),
-                mandatory=True,
-            )
+            _send(channel, s)
         except pe.UnroutableError:
             if not _droppable(s):
                 raise
             continue
         _count(metrics, s)
+
+
+def _send(channel, s: Sent) -> None:
+    """basic.publish one encoded message, mandatory and persistent."""
+    channel.basic_publish(
+        exchange=s.exchange,
+        routing_key=s.routing_key,
+        body=s.body,
+        properties=properties(s.kind, s.id, dict(s.headers)),
+        mandatory=True,
+    )
 
 
 def _droppable(s: Sent) -> bool:
@@ -92,13 +97,7 @@ class Publisher:
             if batch and held + len(s.body) > self.max_bytes:
                 lost += self._commit(batch, metrics)
                 batch, held = [], 0
-            self.channel.basic_publish(
-                exchange=s.exchange,
-                routing_key=s.routing_key,
-                body=s.body,
-                properties=properties(s.kind, s.id, dict(s.headers)),
-                mandatory=True,
-            )
+            _send(self.channel, s)
             batch.append(s)
             held += len(s.body)
         if batch:
