@@ -327,11 +327,13 @@ def download_table(run: dict[str, np.ndarray], shapes: list[tuple[int, ...]]) ->
     print("\n## Downloads: a global model against an earlier version the receiver keeps (p=4)\n")
     print(
         "Global model v sent whole (polyline p=4, or the delta codec against zero), or, as the barrier sends a real "
-        "client its task, against version v-k as the client decoded it: losslessly, on the whole model's grid "
+        "client its task and the collector its evaluation requests (against the newest request sent whole: 5, 10 "
+        "and 15 versions older with an evaluation every 5), against version v-k as the client decoded it: "
+        "losslessly, on the whole model's grid "
         "(`wire.encode_against`; the client decodes exactly the model sent whole). A pool worker keeps no model, "
         "so its tasks carry the model whole. Bytes per weight.\n"
     )
-    ks = (1, 5, 10)
+    ks = (1, 5, 10, 20)
     head = ["polyline whole", *(f"polyline vs v-{k}" for k in ks), "delta whole", *(f"delta vs v-{k}" for k in ks)]
     print("| version | " + " | ".join(head) + " |")
     print("|---:|" + "---:|" * len(head))

@@ -7,7 +7,8 @@ kept in its folder), client 6 is revoked, and client 7 is SIGKILLed and restarte
 (client 0's, under its own name). The run must show: global versions from both tiers, a federated accuracy of at
 least ACCURACY_FLOOR, the slow clients tiered apart, the killed client back in the rounds with its task given back by
 the broker, the late client profiled and tiered, the revoked client refused by the broker, and the stolen-key
-update dead-lettered with the reason, and clients getting tasks against the version they keep.
+update dead-lettered with the reason, and clients getting tasks and evaluation requests against a version they
+keep.
 """
 
 from __future__ import annotations
@@ -146,10 +147,11 @@ class Client:
         found = re.findall(r'^fedat_client_trainings_total\{tier="(\d+)"\} ([0-9.e+]+)$', self.metrics(), re.M)
         return {int(t): int(float(n)) for t, n in found}
 
-    def task_bytes(self) -> dict[str, float]:
-        """How its round tasks' models came ("whole", "against_kept") -> bytes, from its metrics."""
+    def model_bytes(self, of: str) -> dict[str, float]:
+        """How the models of its round tasks (`of` "task") or evaluation requests ("evaluation") came ("whole",
+        "against_kept") -> bytes, from its metrics."""
         out: dict[str, float] = {}
-        pattern = r'^fedat_client_task_model_bytes_total\{[^}]*sent="(\w+)"[^}]*\} (\S+)$'
+        pattern = rf'^fedat_client_{of}_model_bytes_total\{{[^}}]*sent="(\w+)"[^}}]*\}} (\S+)$'
         for sent, n in re.findall(pattern, self.metrics(), re.M):
             out[sent] = out.get(sent, 0.0) + float(n)
         return out
@@ -304,8 +306,12 @@ def test_real_clients_train_a_federation_through_kills_a_late_join_a_revocation_
         wait_for(f"versions from both tiers and a federated accuracy >= {ACCURACY_FLOOR}", learnt, deadline, every=1.0)
 
         # A client that answered gets its next task against the version it keeps (lossless, fewer bytes).
-        sent = {k: clients[k].task_bytes() for k in (0, 1, 2, 4)}
+        sent = {k: clients[k].model_bytes("task") for k in (0, 1, 2, 4)}
         assert any(b.get("against_kept", 0) > 0 for b in sent.values()), sent
+        # Evaluation requests between the ones sent whole come against the newest whole one, which clients keep.
+        asked = {k: clients[k].model_bytes("evaluation") for k in (0, 1, 2, 4)}
+        assert all(b.get("whole", 0) > 0 for b in asked.values()), asked
+        assert any(b.get("against_kept", 0) > 0 for b in asked.values()), asked
 
         # Tiered by measured response time: the clients that hold their answers back train in the slow tier.
         for k in SLOW:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import secrets
 from dataclasses import replace
 
+import numpy as np
 import pika
 import pytest
 
@@ -94,3 +95,21 @@ def test_every_enrolled_client_is_asked_to_score_a_model_and_their_scores_become
         assert (ev.kind, ev.version, ev.n_clients) == ("evaluation", 0, 2)
         assert ev.accuracy == pytest.approx(0.6) and ev.loss == pytest.approx(1.25)
         assert ev.accuracies[4:] == pytest.approx((0.5, 0.9))
+
+
+def test_a_request_after_one_sent_whole_goes_against_it_and_decodes_to_the_model_exactly(vhost_url):
+    enrolled(vhost_url, 6)
+    rng = np.random.default_rng(0)
+    w0 = [rng.normal(0, 0.05, (20, 10)).astype(np.float32), np.zeros(10, np.float32)]
+    g0 = wire.seed_model(w0, ["d", "b"], N, "polyline", 4, 0.0)
+    w1 = [(a + rng.normal(0, 0.002, a.shape)).astype(np.float32) for a in w0]
+    g1 = replace(g0, id="g1", version=1, layers=wire.encode_model(w1, ["d", "b"], "polyline", 4))
+    with running(Collector(CollectorConfig(EvalSchedule(every=1), whole_every=4)), vhost_url, N, keyring=KEYRING):
+        publish(vhost_url, topology.GLOBAL, "", g0, N, keyring=KEYRING)
+        whole = fetch(vhost_url, topology.client_evaluate_queue(6), timeout=20)
+        publish(vhost_url, topology.GLOBAL, "", g1, N, keyring=KEYRING)
+        against = fetch(vhost_url, topology.client_evaluate_queue(6), timeout=20)
+    assert (whole.relative_to, whole.layers) == (-1, g0.layers)
+    assert against.relative_to == 0 and wire.model_bytes(against.layers) < wire.model_bytes(g1.layers)
+    got = wire.decode_model(against.layers, wire.decode_model(whole.layers))
+    assert [a.tobytes() for a in got] == [a.tobytes() for a in wire.decode_model(g1.layers)]

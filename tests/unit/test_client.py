@@ -303,3 +303,50 @@ def test_a_state_folder_of_another_federation_or_unreadable_is_moved_aside_never
     (folder / "snapshot").write_bytes(b"garbage")
     again = client_main.usable_store(client_main.FileStore(folder, "client"), fp, c1.codec)
     assert again.load() is None and (tmp_path / "state.set-aside-2").exists()
+
+
+def test_it_keeps_the_newest_request_sent_whole_and_scores_the_ones_sent_against_it(c1, tmp_path):
+    rng = np.random.default_rng(5)
+    w = [(a + rng.normal(0, 0.01, a.shape)).astype(np.float32) for a in c1.initial_weights]
+    g20 = encode_model(w, c1.names, "polyline")
+    g25 = encode_model([(a + 0.002).astype(np.float32) for a in w], c1.names, "polyline")
+    whole = EvaluationRequest("er20", 20, 5.0, g20)
+    against = EvaluationRequest("er25", 25, 6.0, encode_against(g25, decode_model(g25), decode_model(g20)), 20)
+    queue = topology.client_evaluate_queue(1)
+    d = Driver(c1)
+    scored = d.deliver(queue, whole)
+    assert list(d.state.evaluation_model) == [20] and scored.observe[0].name == "asked_whole"
+    runner(c1, tmp_path).save(None, d.state, ())
+    restarted = Driver(c1)
+    restarted.state = runner(c1, tmp_path).state  # the state folder keeps it across a restart
+    fx = restarted.deliver(queue, against)
+    (out,) = fx.publish
+    assert out.message.version == 25 and fx.observe[0].name == "asked_against"
+    assert fx.observe[0].value == sum(len(x.data) for x in against.layers)
+    # the score of the model sent whole, exactly
+    (same,) = Driver(c1).deliver(queue, EvaluationRequest("er25", 25, 6.0, g25)).publish
+    assert (out.message.accuracy, out.message.loss) == (same.message.accuracy, same.message.loss)
+    # one that came after the request sent whole skips requests until the next one; acked, counted, not dead-lettered
+    late = Driver(c1)
+    skipped = late.deliver(queue, against)
+    assert skipped.publish == () and skipped.ack == (late.tag,) and [o.name for o in skipped.observe] == ["unscorable"]
+    assert late.state.evaluated == -1
+    # a task model of that version serves as well (the same global model, decoded the same)
+    late.deliver(topology.client_queue(1), replace(task(c1, layers=g20), version=20))
+    assert late.deliver(queue, against).publish[0].message.version == 25
+
+
+def test_evaluation_bytes_and_skips_are_counted_by_how_the_model_came(c1):
+    from fedat_worker.metrics import client_metrics
+
+    m = client_metrics()
+    g = encode_model(c1.initial_weights, c1.names, "polyline")
+    d = Driver(c1)
+    for fx in (
+        d.deliver(topology.client_evaluate_queue(1), EvaluationRequest("er3", 3, 1.0, g)),
+        d.deliver(topology.client_evaluate_queue(1), EvaluationRequest("er4", 4, 1.0, g, relative_to=2)),
+    ):
+        for o in fx.observe:
+            m.observe(o)
+    assert m.evaluation_bytes.labels("whole")._value.get() == sum(len(x.data) for x in g)
+    assert m.unscorable._value.get() == 1 and m.evaluations._value.get() == 1

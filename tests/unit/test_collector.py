@@ -11,7 +11,15 @@ from prometheus_client import generate_latest
 from fedat.fl.evaluation import EvalSchedule
 from fedat.protocol import ids, topology
 from fedat.protocol.service import Reject
-from fedat.protocol.wire import ClientEvaluation, Evaluation, EvaluationRequest, TierAssignment
+from fedat.protocol.wire import (
+    ClientEvaluation,
+    Evaluation,
+    EvaluationRequest,
+    TierAssignment,
+    decode_model,
+    encode_model,
+    model_bytes,
+)
 from fedat_aggregator.collector import Collector, CollectorConfig
 from fedat_aggregator.metrics import collector_metrics
 
@@ -163,3 +171,80 @@ def test_its_metrics_are_labelled_by_tier_or_reason_never_by_client():
     assert 'fedat_collector_reports_ignored_total{reason="late"} 1.0' in text
     assert "fedat_eval_accuracy_ratio 0.625" in text and "fedat_eval_model_version 1.0" in text
     assert "client=" not in text and '"11"' not in text and '"12"' not in text
+
+
+def drifting(versions: int, seed_: int = 0):
+    """Polyline global models 0..versions-1, each a small step from the one before (as training moves them)."""
+    rng = np.random.default_rng(seed_)
+    w = [rng.normal(0, 0.05, s).astype(np.float32) for s in ((3, 3, 8), (8,), (200, 10))]
+    out = []
+    for v in range(versions):
+        w = [(a + rng.normal(0, 0.002, a.shape)).astype(np.float32) for a in w]
+        layers = encode_model(w, ["k", "b", "d"], "polyline", 4)
+        out.append(replace(seed(1, [(1,)]), id=f"g{v}", version=v, layers=layers))
+    return out
+
+
+def test_requests_between_whole_ones_go_against_the_newest_whole_one_and_decode_to_it_exactly():
+    c = Driver(Collector(CollectorConfig(EvalSchedule(every=1), whole_every=3)))
+    c.start(0.0)
+    requests = [published(c.deliver(GLOBAL, g, float(g.version)), EvaluationRequest)[0] for g in drifting(7)]
+    assert [r.relative_to for r in requests] == [-1, 0, 0, -1, 3, 3, -1]
+    kept = {}
+    for g, r in zip(drifting(7), requests, strict=True):
+        if r.relative_to < 0:
+            assert r.layers == g.layers  # whole: the layers as they came
+            kept = {r.version: decode_model(r.layers)}
+            continue
+        # what a client that kept the whole one decodes: exactly the model sent whole, bit for bit
+        got = decode_model(r.layers, kept[r.relative_to])
+        assert [a.tobytes() for a in got] == [a.tobytes() for a in decode_model(g.layers)]
+        assert model_bytes(r.layers) < 0.6 * model_bytes(g.layers)
+
+
+def test_with_whole_every_1_or_a_model_on_no_grid_every_request_goes_whole():
+    every = Driver(Collector(CollectorConfig(EvalSchedule(every=1), whole_every=1)))
+    every.start(0.0)
+    sent = [published(every.deliver(GLOBAL, g, 0.0), EvaluationRequest)[0] for g in drifting(3)]
+    assert [r.relative_to for r in sent] == [-1, -1, -1] and every.state.whole is None
+    raw = collector()  # the raw codec: no grid to send against
+    assert [published(raw.deliver(GLOBAL, model(v), 0.0), EvaluationRequest)[0].relative_to for v in (1, 2)] == [-1, -1]
+    with pytest.raises(ValueError, match="whole_every must be >= 1"):
+        CollectorConfig(whole_every=0)
+
+
+def test_a_restarted_collector_sends_its_next_request_whole():
+    c = Driver(Collector(CollectorConfig(EvalSchedule(every=1), whole_every=4)))
+    c.start(0.0)
+    models = drifting(3)
+    c.deliver(GLOBAL, models[0], 0.0)
+    assert published(c.deliver(GLOBAL, models[1], 1.0), EvaluationRequest)[0].relative_to == 0
+    fresh = Driver(Collector(CollectorConfig(EvalSchedule(every=1), whole_every=4)))  # not durable: a new state
+    fresh.start(2.0)
+    assert published(fresh.deliver(GLOBAL, models[2], 2.0), EvaluationRequest)[0].relative_to == -1
+
+
+def test_request_bytes_are_counted_by_how_they_went():
+    c = Driver(Collector(CollectorConfig(EvalSchedule(every=1), whole_every=2)))
+    c.start(0.0)
+    m = collector_metrics()
+    requests = []
+    for g in drifting(2):
+        fx = c.deliver(GLOBAL, g, 0.0)
+        requests += published(fx, EvaluationRequest)
+        for o in fx.observe:
+            m.observe(o)
+    assert m.request_bytes.labels("whole")._value.get() == model_bytes(requests[0].layers)
+    assert m.request_bytes.labels("against_kept")._value.get() == model_bytes(requests[1].layers)
+    assert m.requests._value.get() == 2
+
+
+def test_whole_every_is_read_from_the_environment_and_checked():
+    from fedat.errors import ConfigError
+    from fedat_aggregator.collector_main import settings
+
+    dev = {"FEDAT_SIGNING": "off"}
+    assert settings(dev).collector.whole_every == 4
+    assert settings({**dev, "FEDAT_EVAL_WHOLE_EVERY": "1"}).collector.whole_every == 1
+    with pytest.raises(ConfigError, match="FEDAT_EVAL_WHOLE_EVERY=0 must be >= 1"):
+        settings({**dev, "FEDAT_EVAL_WHOLE_EVERY": "0"})

@@ -141,7 +141,16 @@ def _report() -> RoundReport:
     )
 
 
-MESSAGES = [_task(), _update(), _tier_model(), _global(), _assignment(), _report(), _evaluation()]
+MESSAGES = [
+    _task(),
+    _update(),
+    _tier_model(),
+    _global(),
+    _assignment(),
+    _report(),
+    _evaluation(),
+    EvaluationRequest(id="er12", version=12, created_at=10.0, layers=RAW, relative_to=11),
+]
 LAYERED = [_task(), _update(), _tier_model(), _global()]
 
 

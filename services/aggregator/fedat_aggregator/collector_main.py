@@ -26,13 +26,15 @@ class Settings:
 
 
 def settings(env: Mapping[str, str]) -> Settings:
-    """Build the settings from the environment: the evaluator's schedule and FEDAT_EVAL_WINDOW."""
-    cfg = CollectorConfig(
-        schedule=config.eval_schedule(env),
-        window=config.get_float(env, "FEDAT_EVAL_WINDOW", CollectorConfig.window),
-    )
-    if cfg.window <= 0:
-        raise config.ConfigError(f"FEDAT_EVAL_WINDOW={cfg.window} must be > 0 seconds")
+    """Build the settings from the environment: the evaluator's schedule, FEDAT_EVAL_WINDOW and
+    FEDAT_EVAL_WHOLE_EVERY."""
+    window = config.get_float(env, "FEDAT_EVAL_WINDOW", CollectorConfig.window)
+    if window <= 0:
+        raise config.ConfigError(f"FEDAT_EVAL_WINDOW={window} must be > 0 seconds")
+    whole_every = config.get_int(env, "FEDAT_EVAL_WHOLE_EVERY", CollectorConfig.whole_every)
+    if whole_every < 1:
+        raise config.ConfigError(f"FEDAT_EVAL_WHOLE_EVERY={whole_every} must be >= 1 (1: every request whole)")
+    cfg = CollectorConfig(schedule=config.eval_schedule(env), window=window, whole_every=whole_every)
     return Settings(config.broker(env, ME.prefetch), cfg, config.get_int(env, "FEDAT_METRICS_PORT", ME.metrics_port))
 
 

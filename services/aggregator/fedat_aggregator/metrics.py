@@ -145,6 +145,7 @@ class CollectorMetrics:
     version: Gauge
     seconds: Histogram
     requests: Counter
+    request_bytes: Counter
     reports: Counter
     ignored: Counter
     tier_accuracy: Gauge
@@ -153,6 +154,8 @@ class CollectorMetrics:
         """Count what a collector transition observed."""
         if o.name == col.REQUESTED:
             self.requests.inc()
+        elif o.name in (col.SENT_WHOLE, col.SENT_AGAINST):
+            self.request_bytes.labels("whole" if o.name == col.SENT_WHOLE else "against_kept").inc(o.value)
         elif o.name == col.REPORTED:
             self.reports.labels(str(o.tier)).inc()
         elif o.name == col.EVALUATED:
@@ -188,6 +191,13 @@ def collector_metrics() -> CollectorMetrics:
             buckets=(0.5, 1, 2, 5, 10, 20, 30, 60, 120),
         ),
         requests=Counter("fedat_eval_requests_total", "Global models sent to the clients to score", registry=r),
+        request_bytes=Counter(
+            "fedat_eval_request_model_bytes_total",
+            "Model bytes of the evaluation requests, one copy each (every client downloads one), by how the model "
+            "went: whole, or against the newest model sent whole, which clients keep",
+            ["sent"],
+            registry=r,
+        ),
         reports=Counter(
             "fedat_eval_client_reports_total",
             "Client scores folded into evaluations, by the client's tier",

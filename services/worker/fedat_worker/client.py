@@ -32,6 +32,8 @@ ANSWER = "answer"  # timer kind: a delayed answer is due
 # What its transitions observe (`fedat_worker.metrics.ClientMetrics` counts them, by tier, never by client).
 JOINED, TRAINED, EPOCHS, EVALUATED = "joined", "trained", "epochs", "evaluated"
 RECEIVED_WHOLE, RECEIVED_AGAINST = "received_whole", "received_against"  # a task's model bytes, by how they came
+ASKED_WHOLE, ASKED_AGAINST = "asked_whole", "asked_against"  # an evaluation request's model bytes, likewise
+UNSCORABLE = "unscorable"  # a request sent against a model this client does not keep: skipped
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,9 @@ class ClientState:
     # The global models of its newest tasks, by version, as decoded: the barrier sends a task against the version
     # of the client's newest answer rather than whole (TrainTask.relative_to).
     models: Mapping[int, tuple[np.ndarray, ...]] = field(default_factory=dict)
+    # The model of the newest evaluation request sent whole, by version (one at most): the collector sends the
+    # requests after it against it.
+    evaluation_model: Mapping[int, tuple[np.ndarray, ...]] = field(default_factory=dict)
 
 
 # Task models kept: the barrier names the base of the client's newest answer that reached it, and a client answers
@@ -161,9 +166,18 @@ class Client:
         req: EvaluationRequest = inbound.message
         if req.version <= state.evaluated:
             return state, done(inbound)  # already scored (a copy, or an older request)
-        weights = local.checked_weights(req.layers, f"evaluation request {req.id}", self.shapes, self.model)
+        bases = None
+        if req.relative_to >= 0:
+            bases = state.evaluation_model.get(req.relative_to, state.models.get(req.relative_to))
+            if bases is None:
+                # It joined or came back after the request sent whole: it scores again from the next one.
+                return state, replace(done(inbound), observe=(Observation(UNSCORABLE),))
+        weights = local.checked_weights(req.layers, f"evaluation request {req.id}", self.shapes, self.model, bases)
+        if req.relative_to < 0:
+            state = replace(state, evaluation_model={req.version: tuple(weights)})
+        asked = Observation(ASKED_WHOLE if req.relative_to < 0 else ASKED_AGAINST, 0, model_bytes(req.layers))
         if not len(self.data.y_test):
-            return state, done(inbound)  # nothing to score on: a report needs at least one test sample
+            return state, replace(done(inbound), observe=(asked,))  # nothing to score on: a report needs a sample
         k = self.cfg.client
         loss, accuracy, n = self.trainer.evaluate_per_client(weights, [(self.data.x_test, self.data.y_test)])[0]
         score = ClientEvaluation(
@@ -176,7 +190,7 @@ class Client:
             evaluated_at=self.clock(),
         )
         out = Outgoing(topology.RESULTS, topology.from_client(topology.CLIENT_EVALUATION_KEY, k), score)
-        fx = replace(done(inbound, out), observe=(Observation(EVALUATED, 0, float(accuracy)),))
+        fx = replace(done(inbound, out), observe=(asked, Observation(EVALUATED, 0, float(accuracy))))
         return replace(state, evaluated=req.version), fx
 
 

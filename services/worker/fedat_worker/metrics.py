@@ -93,6 +93,8 @@ class ClientMetrics:
     evaluations: Counter
     accuracy: Gauge
     task_bytes: Counter
+    evaluation_bytes: Counter
+    unscorable: Counter
 
     def observe(self, o: Observation) -> None:
         """Count what a client transition observed."""
@@ -109,6 +111,10 @@ class ClientMetrics:
             self.accuracy.set(o.value)
         elif o.name in (client.RECEIVED_WHOLE, client.RECEIVED_AGAINST):
             self.task_bytes.labels(tier, "whole" if o.name == client.RECEIVED_WHOLE else "against_kept").inc(o.value)
+        elif o.name in (client.ASKED_WHOLE, client.ASKED_AGAINST):
+            self.evaluation_bytes.labels("whole" if o.name == client.ASKED_WHOLE else "against_kept").inc(o.value)
+        elif o.name == client.UNSCORABLE:
+            self.unscorable.inc()
 
 
 def client_metrics() -> ClientMetrics:
@@ -129,6 +135,19 @@ def client_metrics() -> ClientMetrics:
             "Model bytes of the round tasks received, by tier and how the model came: whole, or against a version "
             "this client keeps",
             ["tier", "sent"],
+            registry=r,
+        ),
+        evaluation_bytes=Counter(
+            "fedat_client_evaluation_model_bytes_total",
+            "Model bytes of the evaluation requests received, by how the model came: whole, or against the newest "
+            "model a request brought whole",
+            ["sent"],
+            registry=r,
+        ),
+        unscorable=Counter(
+            "fedat_client_evaluations_unscorable_total",
+            "Evaluation requests skipped: sent against a model this client does not keep (it joined or came back "
+            "after the request sent whole)",
             registry=r,
         ),
     )

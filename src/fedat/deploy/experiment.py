@@ -15,8 +15,8 @@ from fedat.fl.strategies import setting_bounds
 # own settings come from their declared parameters.
 SERVICE_SETTINGS = frozenset(
     """app batch_size classes_per_client clients clients_per_round codec data_root dataset deadline_factor delays
-    device_factor dirichlet_alpha drift_fraction drop_window epochs eval_anchor eval_every eval_interval eval_window
-    ewma_alpha group_sizes
+    device_factor dirichlet_alpha drift_fraction drop_window epochs eval_anchor eval_every eval_interval
+    eval_whole_every eval_window ewma_alpha group_sizes
     learning_rate log_level max_message_bytes max_misses min_clients min_deadline model num_clients num_tiers
     partition precision prefetch profile_concurrency profile_deadline profile_epochs prox_lambda relative_downloads
     retier_every

@@ -96,6 +96,11 @@ def _grid(layer: Layer) -> tuple[int, float] | None:
     return None
 
 
+def on_grid(layers: Sequence[Layer]) -> bool:
+    """Whether every layer of a whole model lies on a grid, so that a later model can be sent against it."""
+    return all(_grid(layer) is not None for layer in layers)
+
+
 def encode_against(
     layers: Sequence[Layer], arrays: Sequence[np.ndarray], bases: Sequence[np.ndarray]
 ) -> tuple[Layer, ...] | None:
@@ -285,6 +290,8 @@ class EvaluationRequest:
     version: int
     created_at: float
     layers: tuple[Layer, ...]
+    # The version `layers` are sent against (the newest request sent whole, which clients keep); -1: sent whole.
+    relative_to: int = -1
     kind: str = field(default="evaluate", init=False)
 
 
