@@ -183,3 +183,19 @@ def test_float32_claims_of_section_5_2():
 
 def test_the_doc_describes_the_schema_version_the_code_speaks():
     assert wire.SCHEMA_VERSION == DOC_VERSION
+
+
+def _field_tables() -> dict[str, set[str]]:
+    """§4's table of each kind: the field names in its first column."""
+    text = DOC.read_text(encoding="utf-8")
+    sections = re.findall(r"^### 4\.\d+ `([a-z-]+)`.*?\n(.*?)(?=^##)", text, re.MULTILINE | re.DOTALL)
+    return {kind: set(re.findall(r"^\| `([a-z_]+)` ", body, re.MULTILINE)) for kind, body in sections}
+
+
+def test_section_4_names_every_field_of_every_kind_and_no_other():
+    from dataclasses import fields
+
+    tables = _field_tables()
+    assert set(tables) == set(wire.KINDS)
+    for kind, cls in wire.KINDS.items():
+        assert tables[kind] == {f.name for f in fields(cls) if f.init}, kind
