@@ -496,6 +496,20 @@ def panels() -> list[dict]:
         24,
         4,
     )
+    L.add(
+        timeseries(
+            "Real clients: evaluation requests",
+            "With real clients, the model bytes per second of the collector's evaluation requests, one copy each (the "
+            "broker copies each to every client's evaluate queue), by how the model went: whole, or against the "
+            "newest request sent whole, which clients keep (fedat_eval_request_model_bytes_total). Empty with a "
+            "simulated pool.",
+            targets((rate("fedat_eval_request_model_bytes_total", "", "sent"), "{{sent}}")),
+            "Bps",
+            minimum=0,
+        ),
+        24,
+        6,
+    )
 
     L.row("Broker and queues ($vhost)")
     L.add(
