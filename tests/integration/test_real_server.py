@@ -97,7 +97,7 @@ def test_every_enrolled_client_is_asked_to_score_a_model_and_their_scores_become
         assert ev.accuracies[4:] == pytest.approx((0.5, 0.9))
 
 
-def test_a_request_after_one_sent_whole_goes_against_it_and_decodes_to_the_model_exactly(vhost_url):
+def test_once_every_client_scored_a_request_sent_whole_the_next_goes_against_it_and_decodes_exactly(vhost_url):
     enrolled(vhost_url, 6)
     rng = np.random.default_rng(0)
     w0 = [rng.normal(0, 0.05, (20, 10)).astype(np.float32), np.zeros(10, np.float32)]
@@ -105,8 +105,13 @@ def test_a_request_after_one_sent_whole_goes_against_it_and_decodes_to_the_model
     w1 = [(a + rng.normal(0, 0.002, a.shape)).astype(np.float32) for a in w0]
     g1 = replace(g0, id="g1", version=1, layers=wire.encode_model(w1, ["d", "b"], "polyline", 4))
     with running(Collector(CollectorConfig(EvalSchedule(every=1), whole_every=4)), vhost_url, N, keyring=KEYRING):
+        assignment = wire.TierAssignment("a1", 1, ((6,), ()), {6: 1.0}, 0.0)
+        publish(vhost_url, topology.CONTROL, "", assignment, N, keyring=KEYRING)
         publish(vhost_url, topology.GLOBAL, "", g0, N, keyring=KEYRING)
         whole = fetch(vhost_url, topology.client_evaluate_queue(6), timeout=20)
+        # its score says it keeps version 0 (the evaluation follows once every assigned client has scored)
+        as_client(vhost_url, topology.CLIENT_EVALUATION_KEY, wire.ClientEvaluation("e0-c6", 6, 0, 1.0, 0.5, 30, 0.0))
+        assert fetch(vhost_url, topology.RECORDER_EVENTS, timeout=20).version == 0
         publish(vhost_url, topology.GLOBAL, "", g1, N, keyring=KEYRING)
         against = fetch(vhost_url, topology.client_evaluate_queue(6), timeout=20)
     assert (whole.relative_to, whole.layers) == (-1, g0.layers)

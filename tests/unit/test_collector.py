@@ -185,13 +185,29 @@ def drifting(versions: int, seed_: int = 0):
     return out
 
 
-def test_requests_between_whole_ones_go_against_the_newest_whole_one_and_decode_to_it_exactly():
-    c = Driver(Collector(CollectorConfig(EvalSchedule(every=1), whole_every=3)))
+def asking(whole_every: int, *clients: int) -> Driver:
+    """A collector asking for every version, with `clients` in one tier each."""
+    c = Driver(Collector(CollectorConfig(EvalSchedule(every=1), whole_every=whole_every)))
     c.start(0.0)
-    requests = [published(c.deliver(GLOBAL, g, float(g.version)), EvaluationRequest)[0] for g in drifting(7)]
+    c.deliver(ASSIGNMENTS, assignment(1, *((k,) for k in clients)), 0.0)
+    return c
+
+
+def ask(c: Driver, g, scored_by: tuple[int, ...]) -> EvaluationRequest:
+    """The request for `g`, then the reports of the clients that scored it."""
+    (request,) = published(c.deliver(GLOBAL, g, float(g.version)), EvaluationRequest)
+    for k in scored_by:
+        c.deliver(REPORTS, report(k, g.version, 0.5), float(g.version))
+    return request
+
+
+def test_requests_between_whole_ones_go_against_the_newest_whole_one_and_decode_to_it_exactly():
+    c = asking(3, 1, 2)
+    models = drifting(7)
+    requests = [ask(c, g, (1, 2)) for g in models]
     assert [r.relative_to for r in requests] == [-1, 0, 0, -1, 3, 3, -1]
     kept = {}
-    for g, r in zip(drifting(7), requests, strict=True):
+    for g, r in zip(models, requests, strict=True):
         if r.relative_to < 0:
             assert r.layers == g.layers  # whole: the layers as they came
             kept = {r.version: decode_model(r.layers)}
@@ -200,6 +216,21 @@ def test_requests_between_whole_ones_go_against_the_newest_whole_one_and_decode_
         got = decode_model(r.layers, kept[r.relative_to])
         assert [a.tobytes() for a in got] == [a.tobytes() for a in decode_model(g.layers)]
         assert model_bytes(r.layers) < 0.6 * model_bytes(g.layers)
+
+
+def test_until_every_assigned_client_is_known_to_keep_the_whole_one_the_next_request_goes_whole_too():
+    c = asking(4, 1, 2)
+    m = drifting(6)
+    # client 2 was training while the whole request came and its queue kept only a newer one: it cannot decode
+    assert ask(c, m[0], scored_by=(1,)).relative_to == -1
+    assert ask(c, m[1], scored_by=(1, 2)).relative_to == -1  # sent whole again; both keep version 1 now
+    assert ask(c, m[2], scored_by=(2,)).relative_to == 1  # a report on a request sent against it counts too
+    # a client joins: it keeps nothing yet
+    c.deliver(ASSIGNMENTS, assignment(2, (1,), (2,), (3,)), 3.5)
+    assert ask(c, m[3], scored_by=(1, 2, 3)).relative_to == -1
+    assert ask(c, m[4], scored_by=()).relative_to == 3
+    # before any assignment nobody is known to be expected: whole
+    assert ask(asking(4), m[0], ()).relative_to == -1 and ask(asking(4), m[1], ()).relative_to == -1
 
 
 def test_with_whole_every_1_or_a_model_on_no_grid_every_request_goes_whole():
@@ -214,24 +245,22 @@ def test_with_whole_every_1_or_a_model_on_no_grid_every_request_goes_whole():
 
 
 def test_a_restarted_collector_sends_its_next_request_whole():
-    c = Driver(Collector(CollectorConfig(EvalSchedule(every=1), whole_every=4)))
-    c.start(0.0)
+    c = asking(4, 1)
     models = drifting(3)
-    c.deliver(GLOBAL, models[0], 0.0)
-    assert published(c.deliver(GLOBAL, models[1], 1.0), EvaluationRequest)[0].relative_to == 0
-    fresh = Driver(Collector(CollectorConfig(EvalSchedule(every=1), whole_every=4)))  # not durable: a new state
-    fresh.start(2.0)
-    assert published(fresh.deliver(GLOBAL, models[2], 2.0), EvaluationRequest)[0].relative_to == -1
+    ask(c, models[0], (1,))
+    assert ask(c, models[1], (1,)).relative_to == 0
+    fresh = asking(4, 1)  # not durable: a new state
+    assert ask(fresh, models[2], (1,)).relative_to == -1
 
 
 def test_request_bytes_are_counted_by_how_they_went():
-    c = Driver(Collector(CollectorConfig(EvalSchedule(every=1), whole_every=2)))
-    c.start(0.0)
+    c = asking(2, 1)
     m = collector_metrics()
     requests = []
     for g in drifting(2):
         fx = c.deliver(GLOBAL, g, 0.0)
         requests += published(fx, EvaluationRequest)
+        c.deliver(REPORTS, report(1, g.version, 0.5), 0.0)
         for o in fx.observe:
             m.observe(o)
     assert m.request_bytes.labels("whole")._value.get() == model_bytes(requests[0].layers)

@@ -3,9 +3,11 @@ their reports into the `evaluation` the central evaluator would publish.
 
 The server holds no data. The collector follows the global models (an observer queue), picks the versions to score
 by the evaluator's rule (`fedat.fl.evaluation.due`), and publishes an `evaluate` request; the fanout exchange copies
-it to every enrolled client. Every `whole_every`-th request carries the model's layers as they came (sent whole),
-and clients keep the newest such model; the requests between go against it, losslessly (`wire.encode_against`), at
-0.40-0.45 of the bytes on the paper's CNN. It folds the clients' `client-evaluation`s per version and publishes the
+it to every enrolled client. A request carries the model's layers as they came (sent whole), and clients keep the
+newest such model; the next ones go against it, losslessly (`wire.encode_against`), at 0.40-0.45 of the bytes on the
+paper's CNN, as long as every client of the latest tier assignment is known to keep it (its reports say so) and for
+at most `whole_every` - 1 requests. A client whose queue dropped the request sent whole (it keeps only the newest)
+thus gets another whole one next. It folds the clients' `client-evaluation`s per version and publishes the
 version's `evaluation` once every client of the latest tier assignment has answered, or when the version's window
 closes (a timer): accuracy and loss weighted by the clients' test samples, the variance of their accuracies over
 clients (each counting once), the accuracy of each. Numpy only. Not durable: a restart forgets the versions in
@@ -69,6 +71,9 @@ class Whole:
     version: int
     arrays: tuple[np.ndarray, ...]
     against: int = 0  # requests sent against it so far
+    # Clients known to keep it: they scored it, or a request sent against it. A client's evaluate queue keeps only
+    # the newest request, so one busy training can miss the request sent whole and could not decode the next.
+    holders: frozenset[int] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -147,13 +152,15 @@ class Collector:
         return state, effects
 
     def _request(self, state: CollectorState, g: GlobalModel, now: float) -> tuple[CollectorState, EvaluationRequest]:
-        """The request for `g`: against the model last sent whole while fewer than `whole_every` - 1 requests went
-        against it, else whole (and then the base of the next ones, if its layers lie on a grid)."""
+        """The request for `g`: against the model last sent whole while every client of the latest assignment is
+        known to keep it and fewer than `whole_every` - 1 requests went against it, else whole (and then the base of
+        the next ones, if its layers lie on a grid)."""
         rid, w = ids.evaluation_request(g.version), state.whole
         if self.cfg.whole_every == 1 or not on_grid(g.layers):
             return replace(state, whole=None), EvaluationRequest(rid, g.version, now, g.layers)
         arrays = decode_model(g.layers)  # a global model is always whole; a WireError dead-letters a bad one
-        if w is not None and w.against + 1 < self.cfg.whole_every:
+        kept = w is not None and bool(state.tiers) and state.tiers.keys() <= w.holders
+        if kept and w.against + 1 < self.cfg.whole_every:
             layers = encode_against(g.layers, arrays, w.arrays)
             if layers is not None:
                 request = EvaluationRequest(rid, g.version, now, layers, relative_to=w.version)
@@ -182,6 +189,11 @@ class Collector:
             raise Reject(f"client-evaluation {r.id}: accuracy must be within 0..1, got {r.accuracy}")
         if r.n_samples < 1:
             raise Reject(f"client-evaluation {r.id}: n_samples must be >= 1, got {r.n_samples}")
+        w = state.whole
+        requested = r.version in state.pending or r.version in state.done
+        if w is not None and requested and r.version >= w.version and r.client not in w.holders:
+            # every version requested since the one sent whole went whole or against it: the client keeps it
+            state = replace(state, whole=replace(w, holders=w.holders | {r.client}))
         pending = state.pending.get(r.version)
         ignored = (
             (LATE if r.version in state.done else UNREQUESTED)

@@ -170,7 +170,7 @@ class Client:
         if req.relative_to >= 0:
             bases = state.evaluation_model.get(req.relative_to, state.models.get(req.relative_to))
             if bases is None:
-                # It joined or came back after the request sent whole: it scores again from the next one.
+                # Its state was lost, or it missed the request sent whole: it scores again from the next whole one.
                 return state, replace(done(inbound), observe=(Observation(UNSCORABLE),))
         weights = local.checked_weights(req.layers, f"evaluation request {req.id}", self.shapes, self.model, bases)
         if req.relative_to < 0:

@@ -146,8 +146,8 @@ def client_metrics() -> ClientMetrics:
         ),
         unscorable=Counter(
             "fedat_client_evaluations_unscorable_total",
-            "Evaluation requests skipped: sent against a model this client does not keep (it joined or came back "
-            "after the request sent whole)",
+            "Evaluation requests skipped: sent against a model this client does not keep (it lost its state folder, "
+            "or missed the request sent whole)",
             registry=r,
         ),
     )
