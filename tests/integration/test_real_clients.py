@@ -313,7 +313,9 @@ def test_real_clients_train_a_federation_through_kills_a_late_join_a_revocation_
         assert all(b.get("whole", 0) > 0 for b in asked.values()), asked
         assert any(b.get("against_kept", 0) > 0 for b in asked.values()), asked
 
-        # Tiered by measured response time: the clients that hold their answers back train in the slow tier.
+        # Tiered by measured response time: the clients that hold their answers back train in the slow tier (once
+        # the draws of that tier have picked them: the federation can learn before they train a round task).
+        wait_for("the slow clients to train round tasks", lambda: all(clients[k].in_tier() for k in SLOW), deadline)
         for k in SLOW:
             trained = clients[k].trainings()
             assert trained.get(2, 0) > trained.get(1, 0), (k, trained)
