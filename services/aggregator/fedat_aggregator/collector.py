@@ -55,8 +55,8 @@ class CollectorConfig:
     schedule: EvalSchedule = EvalSchedule()
     window: float = 20.0  # seconds from a request to its evaluation, whoever has answered by then
     max_pending: int = 8  # versions waiting at once; a newer request closes the oldest with what it has
-    # Every `whole_every`-th request goes whole; the others against it (1: every request whole). A client that missed
-    # the whole one (it joined or came back since) skips requests until the next.
+    # At most `whole_every` - 1 requests in a row go against the one sent whole (1: every request whole), so a client
+    # that lost it (its state folder with it) skips at most that many.
     whole_every: int = 4
 
     def __post_init__(self) -> None:
