@@ -58,7 +58,7 @@ def test_pairs_use_the_seeds_both_ran_at_the_longest_budget_all_of_them_reach():
     a = [flat("a", 0, 0.8, minutes=4.0), flat("a", 1, 0.8, minutes=2.0), flat("a", 2, 0.8, minutes=4.0)]
     b = [flat("b", 0, 0.7, minutes=3.0), flat("b", 1, 0.7, minutes=4.0)]  # no seed 2
     p = cl.judge(CLAIM, records(*a, *b)).pairs[0]
-    assert p.budget == 2.0 and [s.seed for s in p.subject] == [0, 1]
+    assert p.budgets == (2.0, 2.0) and p.common and [s.seed for s in p.subject] == [0, 1]
     assert all(r["virtual_minutes"] == 2.0 for rs in p.records for r in rs)
 
 
@@ -91,6 +91,35 @@ def test_a_still_rising_curve_is_not_flat():
     rising = rec("a", 0, [(60.0, 0.5), (120.0, 0.6), (150.0, 0.7), (200.0, 0.8), (230.0, 0.85)])
     p = cl.judge(CLAIM, records(rising, flat("b", 0, 0.7))).pairs[0]
     assert p.subject[0].rise == pytest.approx((0.8 + 0.85) / 2 - (0.6 + 0.7) / 2) and not p.flat
+
+
+def rising_then_flat(method: str, seed: int, minutes: float) -> dict:
+    """Rises by 0.05 a minute from 0.4 to 0.8 in 8 minutes, then stays at 0.8 (its last quarter flat from 16 on)."""
+    points = [(60.0 * k, min(0.4 + 0.05 * k, 0.8)) for k in range(int(minutes) + 1)]
+    return rec(method, seed, points, minutes)
+
+
+def test_a_pair_not_flat_at_the_shared_budget_is_judged_where_each_method_has_converged():
+    # b still rises at 4 minutes, where a's runs end; its 16-minute runs flatten at 0.8, above a's 0.7
+    a = [flat("a", s, 0.7, minutes=4.0) for s in range(2)]
+    b = [rising_then_flat("b", s, minutes=16.0) for s in range(2)]
+    p = cl.judge(CLAIM, records(*a, *b)).pairs[0]
+    assert p.budgets == (4.0, 16.0) and not p.common and p.flat and p.scores == [-1, -1]
+    assert [r["virtual_minutes"] for r in p.records[1]] == [16.0, 16.0]
+    # at the shared 4 minutes the subject would have won both seeds, flagged as not converged
+    short = cl.judge(CLAIM, records(*a, *(rising_then_flat("b", s, minutes=5.0) for s in range(2)))).pairs[0]
+    assert short.budgets == (4.0, 4.0) and not short.flat and short.scores == [1, 1]
+
+
+def test_each_method_at_its_own_budget_only_where_both_have_converged_there():
+    # b's one long seed does not count: its runs on both seeds reach only 5 minutes, still rising
+    a = [flat("a", s, 0.7, minutes=4.0) for s in range(2)]
+    b = [rising_then_flat("b", 0, minutes=16.0), rising_then_flat("b", 1, minutes=5.0)]
+    p = cl.judge(CLAIM, records(*a, *b)).pairs[0]
+    assert p.budgets == (4.0, 4.0) and not p.flat
+    # a pair flat at the shared budget stays there, though one method ran on further
+    level = cl.judge(CLAIM, records(flat("a", 0, 0.8, minutes=4.0), flat("b", 0, 0.7, minutes=16.0))).pairs[0]
+    assert level.budgets == (4.0, 4.0) and level.flat
 
 
 def test_level_allows_a_small_shortfall_in_both_measures():

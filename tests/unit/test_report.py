@@ -153,7 +153,7 @@ def test_a_claim_not_converged_at_its_budget_names_the_longer_runs_of_either_met
 
     rising = rec("b", 0, [(60.0, 0.5), (120.0, 0.6), (180.0, 0.65), (240.0, 0.7), (300.0, 0.9)], minutes=5.0)
     judged = claims.judge(claims.Claim("x", "a beats b", "—", "cmp", "a", ("b",)), records(flat("a", 0, 0.8), rising))
-    assert judged.pairs[0].budget == 4.0 and not judged.pairs[0].flat
+    assert judged.pairs[0].budgets == (4.0, 4.0) and not judged.pairs[0].flat
     assert report.ours(judged) == "a 0.800 · b 0.700; longer runs: b 0.900 at 5 min"
     level = records(flat("a", 0, 0.8, minutes=5.0), flat("b", 0, 0.7))
     assert "longer" not in report.ours(claims.judge(claims.Claim("y", "a beats b", "—", "cmp", "a", ("b",)), level))

@@ -2,8 +2,10 @@
 
 A claim names a comparison, a subject method and the methods it is said to beat. Each (subject, comparator) pair is
 judged on the seeds both ran, cut to the longest virtual budget every one of those seeds reaches (a simulation is
-deterministic, so a longer run's first minutes are the shorter run), seed by seed, under the claim's rule. Everything
-here is a pure function of the records, so `fedat tabulate` recomputes every verdict whenever a record lands.
+deterministic, so a longer run's first minutes are the shorter run), seed by seed, under the claim's rule. Where a
+curve still rises at that budget but each method has converged at its own longest budget, each is judged there
+instead: the paper reports "the best test accuracy after each training process converges". Everything here is a
+pure function of the records, so `fedat tabulate` recomputes every verdict whenever a record lands.
 """
 
 from __future__ import annotations
@@ -185,10 +187,10 @@ class Claim:
 
 @dataclass(frozen=True)
 class Pair:
-    """The subject against one comparator on their common seeds at their common budget."""
+    """The subject against one comparator on their common seeds, at their common budget or each at its own."""
 
     against: str
-    budget: float
+    budgets: tuple[float, float]  # virtual minutes the subject's and the comparator's runs were cut to
     subject: list[Seed]
     other: list[Seed]
     scores: list[int]
@@ -206,12 +208,19 @@ class Pair:
 
     @property
     def flat(self) -> bool:
-        """Whether both methods' mean last-quarter rise is within FLAT_RISE (both converged at this budget)."""
-        for seeds in (self.subject, self.other):
-            rises = [s.rise for s in seeds if s.rise is not None]
-            if not rises or mean_std(rises)[0] > FLAT_RISE:
-                return False
-        return True
+        """Whether both methods' mean last-quarter rise is within FLAT_RISE (both converged at their budgets)."""
+        return converged(self.subject) and converged(self.other)
+
+    @property
+    def common(self) -> bool:
+        """Whether both methods were cut to one budget (else each is judged converged at its own)."""
+        return self.budgets[0] == self.budgets[1]
+
+
+def converged(seeds: Sequence[Seed]) -> bool:
+    """Whether a method's mean last-quarter rise over these seeds is within FLAT_RISE."""
+    rises = [s.rise for s in seeds if s.rise is not None]
+    return bool(rises) and mean_std(rises)[0] <= FLAT_RISE
 
 
 @dataclass(frozen=True)
@@ -237,19 +246,33 @@ class Judged:
 
 
 def pair(subject: Sequence[dict], other: Sequence[dict], against: str, rule: str, target: float | None) -> Pair | None:
-    """Both methods on the seeds both ran, cut to the longest budget all those seeds reach; None if no common seed."""
+    """Both methods on the seeds both ran, cut to the longest budget all those seeds reach; None if no common seed.
+
+    Where a curve still rises at that budget but each method's runs have flattened by its own longest budget on those
+    seeds, each is judged at its own: the paper's measure is each method's best once it has converged."""
     by_seed = {r["seed"]: r for r in other}
     both = [(a, by_seed[a["seed"]]) for a in subject if a["seed"] in by_seed]
     if not both:
         return None
     budget = min(min(a["virtual_minutes"], b["virtual_minutes"]) for a, b in both)
-    cut = [(truncated(a, budget), truncated(b, budget)) for a, b in both]
+    shared = _cut(both, (budget, budget), against, rule, target)
+    own = (min(a["virtual_minutes"] for a, _ in both), min(b["virtual_minutes"] for _, b in both))
+    if shared.flat or own == shared.budgets:
+        return shared
+    each = _cut(both, own, against, rule, target)
+    return each if each.flat else shared
+
+
+def _cut(
+    both: Sequence[tuple[dict, dict]], budgets: tuple[float, float], against: str, rule: str, target: float | None
+) -> Pair:
+    cut = [(truncated(a, budgets[0]), truncated(b, budgets[1])) for a, b in both]
     mine = [measure(a, target) for a, _ in cut]
     theirs = [measure(b, target) for _, b in cut]
     scores = [RULES[rule].score(a, b) for a, b in zip(mine, theirs, strict=True)]
     return Pair(
         against,
-        budget,
+        budgets,
         mine,
         theirs,
         scores,
