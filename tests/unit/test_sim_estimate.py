@@ -4,6 +4,7 @@ and the estimate lists only the runs still to do."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +63,14 @@ def test_the_probe_times_a_step_and_an_evaluation_of_the_real_model_here():
 
 
 @needs_data
+@pytest.mark.tf
+def test_probes_for_a_sweep_side_by_side_time_at_the_same_time():
+    timed = estimate.probes(Experiment("tiny", 1, 2, dict(TINY)).env(), 2)
+    (a, (a0, a1)), (b, (b0, b1)) = timed
+    assert a.step > 0 and b.step > 0 and a0 < b1 and b0 < a1  # the two timing windows overlap
+
+
+@needs_data
 def test_an_estimate_lists_the_runs_without_a_record_and_adds_them_up(tmp_path, monkeypatch):
     (tmp_path / "tiny.yaml").write_text(json.dumps({"name": "tiny", "workers": 1, "minutes": 1, "settings": TINY}))
     comparison = {
@@ -78,7 +87,8 @@ def test_an_estimate_lists_the_runs_without_a_record_and_adds_them_up(tmp_path, 
     short.parent.mkdir(parents=True)
     short.write_text(json.dumps({"method": "fedavg", "seed": 1, "virtual_minutes": 1, "settings": {}}))
     probed = []
-    monkeypatch.setattr(estimate, "probe", lambda exp: probed.append(exp.name) or estimate.Costs(0.01, 2.0))
+    monkeypatch.setattr(estimate, "probe", lambda exp, n: probed.append((exp.name, n)) or estimate.Costs(0.01, 2.0))
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
     table = estimate_simulated(tmp_path / "cmp.yaml", tmp_path / "sums", jobs=2)
     rows = [line.split("|")[1:-1] for line in table.splitlines() if line.startswith(("| fedat ", "| fedavg "))]
     assert [(r[0].strip(), int(r[1]), float(r[2])) for r in rows] == [
@@ -86,7 +96,7 @@ def test_an_estimate_lists_the_runs_without_a_record_and_adds_them_up(tmp_path, 
         ("fedat", 1, 1),
         ("fedavg", 1, 2),
     ]
-    assert probed == ["tiny-cmp-fedavg"]  # one workload, one probe
+    assert probed == [("tiny-cmp-fedavg", 2)]  # one workload, one probe: as many at once as runs side by side
     assert all(int(r[3].replace(",", "")) > 0 and r[6].strip().endswith(" s") for r in rows), rows
     assert "3 runs of 1–2 virtual min" in table and "| **all** |" in table and "2 at a time" in table
     one = estimate_simulated(tmp_path / "cmp.yaml", tmp_path / "sums", (1,), 2, 1.0)  # every run 1 minute
@@ -98,6 +108,10 @@ def test_an_estimate_lists_the_runs_without_a_record_and_adds_them_up(tmp_path, 
         return float(text.split("at least ")[1].split(" s of wall time")[0])
 
     assert abs(wall(pooled) - wall(table) / 3) <= 1  # 2 runs at once, each on 3 cores
+    assert probed[-1] == ("tiny-cmp-fedavg", 6) and "on 6 cores, timed 6 at once" in pooled
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)  # no more side by side than the machine has cores
+    capped = estimate_simulated(tmp_path / "cmp.yaml", tmp_path / "sums", jobs=2, processes=3)
+    assert probed[-1] == ("tiny-cmp-fedavg", 2) and abs(wall(capped) - wall(table)) <= 1
 
     comparison["simulate"]["methods"] = ["fedat"]  # the file's sweep leaves fedavg out ...
     (tmp_path / "cmp.yaml").write_text(yaml.safe_dump(comparison))

@@ -210,6 +210,8 @@ def estimate_simulated(
     from fedat_sim import estimate
 
     name, todo, by_method, common = _pending(path, summaries, seeds, virtual_minutes, methods_only)
+    at_once = max(1, min(jobs, len(todo)))
+    cores = min(os.cpu_count() or 1, at_once * max(1, processes))  # what the sweep will keep busy side by side
     costs: dict[tuple[str, ...], estimate.Costs] = {}
     rows, total = {}, 0.0
     counted: list[Run] = []
@@ -220,7 +222,7 @@ def estimate_simulated(
             continue
         workload = estimate.workload_key(exp)
         if workload not in costs:
-            costs[workload] = estimate.probe(exp)
+            costs[workload] = estimate.probe(exp, cores)
         counted.append((m, s, minutes, costs[workload]))
     for (m, s, minutes, c), sched in _schedules(by_method, counted, jobs):
         cpu = estimate.cpu_seconds(sched, c)
@@ -237,12 +239,11 @@ def estimate_simulated(
         + "\n\n| method | seed | virtual min | trainings | mini-batch steps | evaluations | CPU |\n"
         + "|---|---:|---:|---:|---:|---:|---:|\n"
     )
-    at_once = max(1, min(jobs, len(todo)))
     each = "each on a core of its own" if processes <= 1 else f"each training in {processes} processes"
     foot = (
         f"\n| **all** | | | | | | **{_duration(total)}** |\n\n{at_once} at a time, {each}: at least "
-        f"{_duration(total / (at_once * max(1, processes)))} of wall time on as many cores (the services' own work, a "
-        "few per cent, is not counted)."
+        f"{_duration(total / cores)} of wall time on {cores} core{'s' if cores > 1 else ''}, timed {cores} at once "
+        "(the services' own work, a few per cent, is not counted)."
     )
     return head + "\n".join(rows[(m, s)] for m, s, _ in todo) + foot
 

@@ -4,14 +4,17 @@ A run's compute is its training and its scoring; the services' own work is a few
 `step_seconds` a run's schedule (which client trains when, so how many mini-batch steps and evaluations it takes) does
 not depend on what the models learn. TiFL is the exception: it picks tiers by accuracy, so its count is an estimate.
 The production services in virtual time, with numpy stand-ins of the real clients' sizes, count them exactly, in
-seconds to minutes. A probe in a process of its own then times one mini-batch step and one evaluation of the real model
-here, in CPU seconds, so that other work sharing the cores does not count. Machines of this kind differ by up to 7.6x
-in training speed, so nothing is taken from records made on another machine.
+seconds to minutes. Probes in processes of their own then time one mini-batch step and one evaluation of the real model
+here, in CPU seconds, so that other work sharing the cores does not count; as many at once as the sweep will train
+side by side, since two trainings on two cores that share a cache or a physical core each take longer than one alone
+(about 1.5x on this project's two-core machines). Machines of this kind differ by up to 7.6x in training speed, so
+nothing is taken from records made on another machine.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -27,6 +30,7 @@ from fedat_worker.workload import load_clients, workload_from_env
 
 PROBE_TRAININGS = 2  # timed after one untimed training (TensorFlow traces its step function on the first)
 PROX_LAMBDA = 0.4  # the proximal term costs a little; time it as FedAT trains
+PEER_TIMEOUT = 600.0  # seconds a probe waits for its peers to load TensorFlow and build the model
 # The settings a step's and an evaluation's cost follow from: one probe for each distinct combination of them.
 WORKLOAD = ("app", "dataset", "model", "num_clients", "samples_per_client", "partition", "batch_size", "tf_threads")
 
@@ -96,13 +100,23 @@ def schedule(exp: Experiment, seed: int, minutes: float, step_seconds: float) ->
     return Schedule(s["client_trainings"] + s["profile_trainings"], trainer.steps, s["evaluations"])
 
 
-def probe(exp: Experiment) -> Costs:
-    """Time a step and an evaluation of `exp`'s real model and data here, in a spawned process (TensorFlow)."""
-    with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
-        return pool.submit(_probe, exp.env()).result()
+def probe(exp: Experiment, at_once: int = 1) -> Costs:
+    """Time a step and an evaluation of `exp`'s real model and data here: the mean of `at_once` probes timing side by
+    side, each in a spawned process (TensorFlow)."""
+    timed = probes(exp.env(), at_once)
+    return Costs(statistics.fmean(c.step for c, _ in timed), statistics.fmean(c.evaluation for c, _ in timed))
 
 
-def _probe(env: dict[str, str]) -> Costs:
+def probes(env: dict[str, str], at_once: int) -> list[tuple[Costs, tuple[float, float]]]:
+    """`at_once` probes of the workload `env` names, each with the wall-clock window it timed in: every window opens
+    once all of them have built their model, so they time side by side."""
+    ctx = get_context("spawn")
+    with ctx.Manager() as manager, ProcessPoolExecutor(at_once, mp_context=ctx) as pool:
+        ready = manager.Barrier(at_once)  # a task waits here for its peers, so no worker can take two
+        return [f.result() for f in [pool.submit(_probe, env, ready) for _ in range(at_once)]]
+
+
+def _probe(env: dict[str, str], ready) -> tuple[Costs, tuple[float, float]]:
     from fedat_sim.clients import tensorflow_parts
 
     real = tensorflow_parts(workload_from_env(env), config.get_int(env, "FEDAT_TF_THREADS", 1))
@@ -116,12 +130,14 @@ def _probe(env: dict[str, str]) -> Costs:
         )
         return steps_of(len(c.x_train), epochs, batch)
 
+    tests = [(c.x_test, c.y_test) for c in real.clients]
     train(0)
+    real.trainer.evaluate_per_client(weights, tests)  # both traced before the peers start timing
+    ready.wait(timeout=PEER_TIMEOUT)
+    opened = time.time()
     start = time.process_time()
     steps = sum(train(i) for i in range(1, PROBE_TRAININGS + 1))
     step = (time.process_time() - start) / steps
-    tests = [(c.x_test, c.y_test) for c in real.clients]
-    real.trainer.evaluate_per_client(weights, tests)
     start = time.process_time()
     real.trainer.evaluate_per_client(weights, tests)
-    return Costs(step, time.process_time() - start)
+    return Costs(step, time.process_time() - start), (opened, time.time())
