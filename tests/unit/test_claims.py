@@ -93,28 +93,35 @@ def test_a_still_rising_curve_is_not_flat():
     assert p.subject[0].rise == pytest.approx((0.8 + 0.85) / 2 - (0.6 + 0.7) / 2) and not p.flat
 
 
-def rising_then_flat(method: str, seed: int, minutes: float) -> dict:
-    """Rises by 0.05 a minute from 0.4 to 0.8 in 8 minutes, then stays at 0.8 (its last quarter flat from 16 on)."""
-    points = [(60.0 * k, min(0.4 + 0.05 * k, 0.8)) for k in range(int(minutes) + 1)]
+def rising_then_flat(method: str, seed: int, minutes: float, top: float = 0.8) -> dict:
+    """Rises by 0.05 a minute from 0.4 to `top`, then stays there (its last quarter flat once it has for a quarter)."""
+    points = [(60.0 * k, min(0.4 + 0.05 * k, top)) for k in range(int(minutes) + 1)]
     return rec(method, seed, points, minutes)
 
 
-def test_a_pair_not_flat_at_the_shared_budget_is_judged_where_each_method_has_converged():
-    # b still rises at 4 minutes, where a's runs end; its 16-minute runs flatten at 0.8, above a's 0.7
+def test_a_pair_rising_at_the_shared_budget_is_judged_where_each_has_converged_if_less_time_won():
+    # b still rises at 4 minutes, where a's runs end; its 16-minute runs flatten at 0.65, below a's 0.7
     a = [flat("a", s, 0.7, minutes=4.0) for s in range(2)]
-    b = [rising_then_flat("b", s, minutes=16.0) for s in range(2)]
-    p = cl.judge(CLAIM, records(*a, *b)).pairs[0]
-    assert p.budgets == (4.0, 16.0) and not p.common and p.flat and p.scores == [-1, -1]
+    p = cl.judge(CLAIM, records(*a, *(rising_then_flat("b", s, 16.0, top=0.65) for s in range(2)))).pairs[0]
+    assert p.budgets == (4.0, 16.0) and not p.common and p.flat and p.scores == [1, 1]
     assert [r["virtual_minutes"] for r in p.records[1]] == [16.0, 16.0]
-    # at the shared 4 minutes the subject would have won both seeds, flagged as not converged
-    short = cl.judge(CLAIM, records(*a, *(rising_then_flat("b", s, minutes=5.0) for s in range(2)))).pairs[0]
-    assert short.budgets == (4.0, 4.0) and not short.flat and short.scores == [1, 1]
+    # the comparator with less time winning every seed is as telling: a rises for 16 minutes to 0.65, b holds 0.7
+    b = [flat("b", s, 0.7, minutes=4.0) for s in range(2)]
+    q = cl.judge(CLAIM, records(*(rising_then_flat("a", s, 16.0, top=0.65) for s in range(2)), *b)).pairs[0]
+    assert q.budgets == (16.0, 4.0) and q.flat and q.scores == [-1, -1]
+
+
+def test_more_time_that_won_leaves_the_pair_at_the_shared_budget():
+    # b's 16-minute runs flatten at 0.8, above a's 0.7: b had four times a's time, so that says nothing of a's claim
+    a = [flat("a", s, 0.7, minutes=4.0) for s in range(2)]
+    p = cl.judge(CLAIM, records(*a, *(rising_then_flat("b", s, 16.0) for s in range(2)))).pairs[0]
+    assert p.budgets == (4.0, 4.0) and not p.flat and p.scores == [1, 1]  # at 4 minutes a leads, b still rising
 
 
 def test_each_method_at_its_own_budget_only_where_both_have_converged_there():
     # b's one long seed does not count: its runs on both seeds reach only 5 minutes, still rising
     a = [flat("a", s, 0.7, minutes=4.0) for s in range(2)]
-    b = [rising_then_flat("b", 0, minutes=16.0), rising_then_flat("b", 1, minutes=5.0)]
+    b = [rising_then_flat("b", 0, 16.0, top=0.65), rising_then_flat("b", 1, 5.0, top=0.65)]
     p = cl.judge(CLAIM, records(*a, *b)).pairs[0]
     assert p.budgets == (4.0, 4.0) and not p.flat
     # a pair flat at the shared budget stays there, though one method ran on further

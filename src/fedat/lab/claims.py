@@ -4,8 +4,9 @@ A claim names a comparison, a subject method and the methods it is said to beat.
 judged on the seeds both ran, cut to the longest virtual budget every one of those seeds reaches (a simulation is
 deterministic, so a longer run's first minutes are the shorter run), seed by seed, under the claim's rule. Where a
 curve still rises at that budget but each method has converged at its own longest budget, each is judged there
-instead: the paper reports "the best test accuracy after each training process converges". Everything here is a
-pure function of the records, so `fedat tabulate` recomputes every verdict whenever a record lands.
+instead (the paper reports "the best test accuracy after each training process converges"), when the method that
+had less time wins every seed. Everything here is a pure function of the records, so `fedat tabulate` recomputes
+every verdict whenever a record lands.
 """
 
 from __future__ import annotations
@@ -249,7 +250,8 @@ def pair(subject: Sequence[dict], other: Sequence[dict], against: str, rule: str
     """Both methods on the seeds both ran, cut to the longest budget all those seeds reach; None if no common seed.
 
     Where a curve still rises at that budget but each method's runs have flattened by its own longest budget on those
-    seeds, each is judged at its own: the paper's measure is each method's best once it has converged."""
+    seeds, each is judged at its own (the paper's measure is each method's best once it has converged), provided the
+    method given less time wins every seed: more time can then only have helped the loser."""
     by_seed = {r["seed"]: r for r in other}
     both = [(a, by_seed[a["seed"]]) for a in subject if a["seed"] in by_seed]
     if not both:
@@ -260,7 +262,8 @@ def pair(subject: Sequence[dict], other: Sequence[dict], against: str, rule: str
     if shared.flat or own == shared.budgets:
         return shared
     each = _cut(both, own, against, rule, target)
-    return each if each.flat else shared
+    shorter = _sign(own[1] - own[0])  # the score of a seed the method with less time wins
+    return each if each.flat and all(score == shorter for score in each.scores) else shared
 
 
 def _cut(

@@ -194,7 +194,7 @@ def glance_legend() -> str:
     return (
         "*Ours*: mean ± std over the seeds of best accuracy, or of the claim's measure, against the comparator the "
         "claim fares worst with, both cut to the longest virtual budget they share (*seeds · min*), or each at its "
-        "own where only there both have converged (*min / min*). **holds**: every "
+        "own where only there both have converged and the one with less time won (*min / min*). **holds**: every "
         "seed won against every comparator; **does not** hold: every seed lost against one; **partly**: anything "
         f"else; {RISING}: a curve still rises more than {cl.FLAT_RISE:g} a quarter at that budget. Every comparator, "
         f"the per-seed scores and the longer runs: [the claims in full]({PAGES}/{CLAIMS_PAGE}); "
@@ -207,7 +207,8 @@ def legend() -> str:
     return (
         "*Ours* is the mean ± std over the seeds of best accuracy unless the claim names another measure; each pair "
         "of methods is compared seed by seed at the longest virtual budget both ran (*seeds · min*), or each at its "
-        "own where only there both have converged (*subject's min / comparator's min*). Per seed ✓ won, "
+        "own where only there both have converged and the one with less time won (*subject's min / comparator's "
+        "min*). Per seed ✓ won, "
         "✗ lost, ~ split (ahead in one accuracy measure, behind in the other). A claim **holds** when every seed is "
         "won against every comparator, **does not hold** when every seed is lost against one, and is **partly** true "
         f"otherwise; {RISING}: a curve still rises more than {cl.FLAT_RISE:g} a quarter there (not converged), and "
@@ -473,8 +474,9 @@ def rules() -> str:
         f"- **Converged:** a pair's curves count as flat when each method's mean last-quarter rise (last quarter's "
         f"mean accuracy minus the quarter's before) is at most {cl.FLAT_RISE:g}. Where they are not flat at the "
         "budget both reach but each method's own longest runs on those seeds are flat, each is judged at its own "
-        "(*60 / 240*: the subject at 60 min, the comparator at 240), since the paper reports the best accuracy "
-        "after each method converges (a longer run keeps the shorter run's first minutes: its best can only be "
+        "(*45 / 60*: the subject at 45 min, the comparator at 60), since the paper reports the best accuracy "
+        "after each method converges; but only when the method that had less time wins every seed, as more time can "
+        "then only have helped the loser (a longer run keeps the shorter run's first minutes: its best can only be "
         "higher, and a target reached stays reached at the same time). Otherwise the pair is judged at the shared "
         "budget and the verdict "
         f"carries {RISING}.",
