@@ -201,3 +201,17 @@ def test_per_seed_scores_name_two_variants_of_one_method_in_full():
     assert report._scores(judged) == "FedAsync (20 at once) ✗ · FedAsync (all at once) ✓"
     other = claims.judge(claims.Claim("y", "a beats both", "—", "cmp", "a", ("fedasync", "b")), recs)
     assert report._scores(other) == "FedAsync ✗ · b ✓"  # no clash: the short name
+
+
+def test_the_still_rising_table_names_the_runs_that_would_settle_a_claim():
+    from tests.unit.test_claims import flat, rec, records, rising_then_flat
+
+    rising = [rec("b", s, [(60.0, 0.5), (120.0, 0.6), (180.0, 0.65), (240.0, 0.7)]) for s in range(2)]
+    longer = [rising_then_flat("a", s, 16.0) for s in range(2)]  # cut to b's 4 minutes, where it rises too
+    judged = claims.judge(claims.Claim("x", "a beats b", "—", "cmp", "a", ("b",)), records(*longer, *rising))
+    assert not judged.pairs[0].flat and not claims.converged(judged.pairs[0].subject)
+    table = report.rising_table([judged])
+    assert table.splitlines()[2:] == ["| cmp | b | 0,1 · 4 | +0.075 | x |"]  # a's own runs go on: not a's to run
+    level = records(flat("a", 0, 0.8), flat("b", 0, 0.7))
+    judged = claims.judge(claims.Claim("y", "a beats b", "—", "cmp", "a", ("b",)), level)
+    assert judged.pairs and report.rising_table([judged]) == "Every curve a claim judges has flattened."

@@ -9,6 +9,7 @@ with the digest of the data it shows, so a test can check a committed report aga
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -230,10 +231,38 @@ def claims_page(judged: Sequence[cl.Judged], beyond: Sequence[cl.Judged]) -> str
                 "## What the project adds: the decayed step and the delta codec",
                 claims_table(beyond, paper=False, figures="figures"),
                 legend(),
+                "## Still rising",
+                "Each method whose curve still rises at the end of its runs where a claim judges it (↗), on those "
+                "seeds: the runs that would settle those claims run it longer (`method_minutes` in its comparison "
+                "file). A method cut short for a comparator that ran less is not listed: its comparator is.",
+                rising_table([*judged, *beyond]),
             ]
         )
         + "\n"
     )
+
+
+def rising_table(judged: Sequence[cl.Judged]) -> str:
+    """A row per (comparison, method, seeds, budget) still rising in a claim's pair, and the claims it holds back."""
+    rows: dict[tuple[str, str, tuple[int, ...], float], tuple[float, list[str]]] = {}
+    for j in judged:
+        for p in j.pairs:
+            sides = zip((j.claim.subject, p.against), (p.subject, p.other), p.budgets, p.uncut, strict=True)
+            for method, seeds, budget, whole in sides:
+                if cl.converged(seeds) or budget < min(r["virtual_minutes"] for r in whole):
+                    continue  # flat, or cut short for the other method: its own runs go further already
+                rises = [s.rise for s in seeds if s.rise is not None]
+                key = (j.claim.comparison, method, tuple(s.seed for s in seeds), budget)
+                rise, keys = rows.setdefault(key, (sum(rises) / len(rises) if rises else math.nan, []))
+                if j.claim.key not in keys:
+                    keys.append(j.claim.key)
+    if not rows:
+        return "Every curve a claim judges has flattened."
+    lines = ["| comparison | method | seeds · min | mean rise a quarter | claims |", "|---|---|---|---:|---|"]
+    for (comparison, method, seeds, budget), (rise, keys) in sorted(rows.items()):
+        listed = ",".join(str(s) for s in seeds)
+        lines.append(f"| {comparison} | {method} | {listed} · {budget:g} | {rise:+.3f} | {', '.join(keys)} |")
+    return "\n".join(lines)
 
 
 def glance_table(judged: Sequence[cl.Judged], paper: bool = True) -> str:
