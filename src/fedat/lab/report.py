@@ -197,8 +197,9 @@ def glance_legend() -> str:
         "claim fares worst with, both cut to the longest virtual budget they share (*seeds · min*), or each at its "
         "own where only there both have converged and the one with less time won (*min / min*). **holds**: every "
         "seed won against every comparator; **does not** hold: every seed lost against one; **partly**: anything "
-        f"else; {RISING}: a curve still rises more than {cl.FLAT_RISE:g} a quarter at that budget. Every comparator, "
-        f"the per-seed scores and the longer runs: [the claims in full]({PAGES}/{CLAIMS_PAGE}); "
+        f"else; {RISING}: a curve still rises more than {cl.FLAT_RISE:g} a quarter at that budget "
+        f"([which, and what would settle it]({PAGES}/{CLAIMS_PAGE}#still-rising)). Every comparator, the per-seed "
+        f"scores and the longer runs: [the claims in full]({PAGES}/{CLAIMS_PAGE}); "
         "[how a verdict is reached](#how-a-verdict-is-reached)."
     )
 
