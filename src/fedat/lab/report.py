@@ -549,7 +549,8 @@ def claim_series(
             name = f"{name.split(' lr ')[0]} {_lr(recs[0]['settings'].get('learning_rate'))}"
         hits = [h[1] / 1e6 for r in recs if (h := _first(r, target))]
         series.append(plots.Series(name, sweep.seed_band(recs), hits, len(recs)))
-    return f"{c.key}: {c.says.removeprefix('↳ ')} ({_where(c.comparison)})", series, target
+    says, where = c.says.removeprefix("↳ "), _where(c.comparison)
+    return f"{c.key}: {says}" + ("" if where in says else f" ({where})"), series, target
 
 
 def _first(rec: dict, target: float) -> tuple[float, int] | None:
