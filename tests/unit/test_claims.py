@@ -116,6 +116,7 @@ def test_more_time_that_won_leaves_the_pair_at_the_shared_budget():
     a = [flat("a", s, 0.7, minutes=4.0) for s in range(2)]
     p = cl.judge(CLAIM, records(*a, *(rising_then_flat("b", s, 16.0) for s in range(2)))).pairs[0]
     assert p.budgets == (4.0, 4.0) and not p.flat and p.scores == [1, 1]  # at 4 minutes a leads, b still rising
+    assert p.outrun == (4.0, 16.0)  # where both have flattened, but b had the time
 
 
 def test_each_method_at_its_own_budget_only_where_both_have_converged_there():

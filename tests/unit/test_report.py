@@ -211,7 +211,15 @@ def test_the_still_rising_table_names_the_runs_that_would_settle_a_claim():
     judged = claims.judge(claims.Claim("x", "a beats b", "—", "cmp", "a", ("b",)), records(*longer, *rising))
     assert not judged.pairs[0].flat and not claims.converged(judged.pairs[0].subject)
     table = report.rising_table([judged])
-    assert table.splitlines()[2:] == ["| cmp | b | 0,1 · 4 | +0.075 | x |"]  # a's own runs go on: not a's to run
+    assert table.splitlines()[2:] == ["| cmp | b | 0,1 · 4 | +0.075 | longer | x |"]  # a's own runs go on
+    # a flat at 4 minutes, b flat at 16 above it: b's four times longer runs won, so a has to run as long
+    a = [flat("a", s, 0.7, minutes=4.0) for s in range(2)]
+    b = [rising_then_flat("b", s, 16.0) for s in range(2)]
+    outrun = claims.judge(claims.Claim("z", "a beats b", "—", "cmp", "a", ("b",)), records(*a, *b))
+    assert outrun.pairs[0].outrun == (4.0, 16.0) and outrun.pairs[0].budgets == (4.0, 4.0)
+    assert report.rising_table([outrun]).splitlines()[2:] == [
+        "| cmp | a | 0,1 · 4 | flat | to 16 min, where b beat it | z |"
+    ]
     level = records(flat("a", 0, 0.8), flat("b", 0, 0.7))
     judged = claims.judge(claims.Claim("y", "a beats b", "—", "cmp", "a", ("b",)), level)
     assert judged.pairs and report.rising_table([judged]) == "Every curve a claim judges has flattened."

@@ -197,6 +197,9 @@ class Pair:
     scores: list[int]
     records: tuple[list[dict], list[dict]]  # the cut records, for the figure
     uncut: tuple[list[dict], list[dict]]  # the same seeds' whole records: one may have run on past the budget
+    # Own budgets at which both have converged but the method with more time won a seed there: the other must run as
+    # long before the pair can be judged where both have converged
+    outrun: tuple[float, float] | None = None
 
     @property
     def verdict(self) -> str:
@@ -262,8 +265,10 @@ def pair(subject: Sequence[dict], other: Sequence[dict], against: str, rule: str
     if shared.flat or own == shared.budgets:
         return shared
     each = _cut(both, own, against, rule, target)
+    if not each.flat:
+        return shared
     shorter = _sign(own[1] - own[0])  # the score of a seed the method with less time wins
-    return each if each.flat and all(score == shorter for score in each.scores) else shared
+    return each if all(score == shorter for score in each.scores) else replace(shared, outrun=own)
 
 
 def _cut(

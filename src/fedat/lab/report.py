@@ -9,7 +9,6 @@ with the digest of the data it shows, so a test can check a committed report aga
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -233,9 +232,10 @@ def claims_page(judged: Sequence[cl.Judged], beyond: Sequence[cl.Judged]) -> str
                 claims_table(beyond, paper=False, figures="figures"),
                 legend(),
                 "## Still rising",
-                "Each method whose curve still rises at the end of its runs where a claim judges it (↗), on those "
-                "seeds: the runs that would settle those claims run it longer (`method_minutes` in its comparison "
-                "file). A method cut short for a comparator that ran less is not listed: its comparator is.",
+                "What holds each ↗ verdict from a flat one, on the seeds it is judged on: a method whose curve still "
+                "rises at the end of its runs (run it longer), or one that has flattened but lost to a comparator "
+                "given more time (run it as long). A method cut short for a comparator that ran less is not listed: "
+                "its comparator is. Runs are set in each comparison file's `method_minutes`.",
                 rising_table([*judged, *beyond]),
             ]
         )
@@ -244,25 +244,39 @@ def claims_page(judged: Sequence[cl.Judged], beyond: Sequence[cl.Judged]) -> str
 
 
 def rising_table(judged: Sequence[cl.Judged]) -> str:
-    """A row per (comparison, method, seeds, budget) still rising in a claim's pair, and the claims it holds back."""
-    rows: dict[tuple[str, str, tuple[int, ...], float], tuple[float, list[str]]] = {}
+    """A row per (comparison, method, seeds, budget) that holds a claim's pair from a flat verdict: what to run."""
+    rows: dict[tuple[str, str, tuple[int, ...], float], tuple[str, str, list[str]]] = {}
     for j in judged:
         for p in j.pairs:
-            sides = zip((j.claim.subject, p.against), (p.subject, p.other), p.budgets, p.uncut, strict=True)
-            for method, seeds, budget, whole in sides:
-                if cl.converged(seeds) or budget < min(r["virtual_minutes"] for r in whole):
-                    continue  # flat, or cut short for the other method: its own runs go further already
-                rises = [s.rise for s in seeds if s.rise is not None]
-                key = (j.claim.comparison, method, tuple(s.seed for s in seeds), budget)
-                rise, keys = rows.setdefault(key, (sum(rises) / len(rises) if rises else math.nan, []))
-                if j.claim.key not in keys:
-                    keys.append(j.claim.key)
+            if p.flat and p.outrun is None:
+                continue
+            names = (j.claim.subject, p.against)
+            sides = zip(names, (p.subject, p.other), p.budgets, p.uncut, strict=True)
+            for i, (method, seeds, budget, whole) in enumerate(sides):
+                own = min(r["virtual_minutes"] for r in whole)
+                seed_ids = tuple(s.seed for s in seeds)
+                if p.outrun is not None and p.outrun[i] < p.outrun[1 - i]:  # flat, but beaten by more time
+                    key = (j.claim.comparison, method, seed_ids, own)
+                    todo = f"to {p.outrun[1 - i]:g} min, where {names[1 - i]} beat it"
+                    rise = "flat"
+                elif not cl.converged(seeds) and budget >= own:  # not cut short for the other: its own runs end here
+                    rises = [s.rise for s in seeds if s.rise is not None]
+                    key, todo = (j.claim.comparison, method, seed_ids, budget), "longer"
+                    rise = f"{sum(rises) / len(rises):+.3f}" if rises else "—"
+                else:
+                    continue
+                row = rows.setdefault(key, (rise, todo, []))
+                if j.claim.key not in row[2]:
+                    row[2].append(j.claim.key)
     if not rows:
         return "Every curve a claim judges has flattened."
-    lines = ["| comparison | method | seeds · min | mean rise a quarter | claims |", "|---|---|---|---:|---|"]
-    for (comparison, method, seeds, budget), (rise, keys) in sorted(rows.items()):
+    lines = [
+        "| comparison | method | seeds · min | mean rise a quarter | to run | claims |",
+        "|---|---|---|---:|---|---|",
+    ]
+    for (comparison, method, seeds, budget), (rise, todo, keys) in sorted(rows.items()):
         listed = ",".join(str(s) for s in seeds)
-        lines.append(f"| {comparison} | {method} | {listed} · {budget:g} | {rise:+.3f} | {', '.join(keys)} |")
+        lines.append(f"| {comparison} | {method} | {listed} · {budget:g} | {rise} | {todo} | {', '.join(keys)} |")
     return "\n".join(lines)
 
 
