@@ -218,7 +218,7 @@ def test_the_still_rising_table_names_the_runs_that_would_settle_a_claim():
     outrun = claims.judge(claims.Claim("z", "a beats b", "—", "cmp", "a", ("b",)), records(*a, *b))
     assert outrun.pairs[0].outrun == (4.0, 16.0) and outrun.pairs[0].budgets == (4.0, 4.0)
     assert report.rising_table([outrun]).splitlines()[2:] == [
-        "| cmp | a | 0,1 · 4 | flat | to 16 min, where b beat it | z |"
+        "| cmp | a | 0,1 · 4 | flat | to 16 min, where b was not beaten on every seed | z |"
     ]
     level = records(flat("a", 0, 0.8), flat("b", 0, 0.7))
     judged = claims.judge(claims.Claim("y", "a beats b", "—", "cmp", "a", ("b",)), level)

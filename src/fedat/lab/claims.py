@@ -197,8 +197,8 @@ class Pair:
     scores: list[int]
     records: tuple[list[dict], list[dict]]  # the cut records, for the figure
     uncut: tuple[list[dict], list[dict]]  # the same seeds' whole records: one may have run on past the budget
-    # Own budgets at which both have converged but the method with more time won a seed there: the other must run as
-    # long before the pair can be judged where both have converged
+    # Own budgets at which both have converged but the method with less time did not win every seed there: it must
+    # run as long before the pair can be judged where both have converged
     outrun: tuple[float, float] | None = None
 
     @property

@@ -233,9 +233,9 @@ def claims_page(judged: Sequence[cl.Judged], beyond: Sequence[cl.Judged]) -> str
                 legend(),
                 "## Still rising",
                 "What holds each ↗ verdict from a flat one, on the seeds it is judged on: a method whose curve still "
-                "rises at the end of its runs (run it longer), or one that has flattened but lost to a comparator "
-                "given more time (run it as long). A method cut short for a comparator that ran less is not listed: "
-                "its comparator is. Runs are set in each comparison file's `method_minutes`.",
+                "rises at the end of its runs (run it longer), or one that has flattened but did not beat on every "
+                "seed a comparator given more time (run it as long). A method cut short for a comparator that ran "
+                "less is not listed: its comparator is. Runs are set in each comparison file's `method_minutes`.",
                 rising_table([*judged, *beyond]),
             ]
         )
@@ -257,7 +257,7 @@ def rising_table(judged: Sequence[cl.Judged]) -> str:
                 seed_ids = tuple(s.seed for s in seeds)
                 if p.outrun is not None and p.outrun[i] < p.outrun[1 - i]:  # flat, but beaten by more time
                     key = (j.claim.comparison, method, seed_ids, own)
-                    todo = f"to {p.outrun[1 - i]:g} min, where {names[1 - i]} beat it"
+                    todo = f"to {p.outrun[1 - i]:g} min, where {names[1 - i]} was not beaten on every seed"
                     rise = "flat"
                 elif not cl.converged(seeds) and budget >= own:  # not cut short for the other: its own runs end here
                     rises = [s.rise for s in seeds if s.rise is not None]
