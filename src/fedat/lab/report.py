@@ -522,8 +522,7 @@ def rules() -> str:
         "after each method converges; but only when the method that had less time wins every seed, as more time can "
         "then only have helped the loser (a longer run keeps the shorter run's first minutes: its best can only be "
         "higher, and a target reached stays reached at the same time). Otherwise the pair is judged at the shared "
-        "budget and the verdict "
-        f"carries {RISING}.",
+        f"budget and the verdict carries {RISING}.",
     ]
     return "\n".join(lines)
 
