@@ -187,3 +187,50 @@ def test_every_claim_names_a_known_rule_and_a_unique_key():
     assert all(c.rule in cl.RULES for c in every)
     assert len({c.key for c in every}) == len(every)
     assert all(c.target is not None for c in every if c.rule in ("sooner", "cheaper", "cheaper-upload"))
+
+
+def test_a_method_that_wins_with_less_time_while_still_rising_settles_the_pair_once_the_other_has_flattened():
+    # b rises at 4 minutes to 0.9; a's 16-minute runs flatten at 0.8: a had four times the time and still lost
+    b = [rec("b", s, [(60.0, 0.5), (120.0, 0.7), (180.0, 0.8), (240.0, 0.9)]) for s in range(2)]
+    a = [flat("a", s, 0.8, minutes=16.0) for s in range(2)]
+    judged = cl.judge(CLAIM, records(*a, *b))
+    p = judged.pairs[0]
+    assert p.budgets == (16.0, 4.0) and not p.flat and p.settled and judged.settled and judged.verdict == cl.FAILS
+    # a winner with less time that is still rising does not settle the variance rule: a later best may be noisier
+    low = cl.Claim("x5", "lower variance", "—", "cmp", "a", ("b",), rule="lower-variance")
+    noisy = [flat("a", s, 0.8, minutes=16.0, best_accuracy_variance=0.05) for s in range(2)]
+    q = cl.judge(low, records(*noisy, *b)).pairs[0]
+    assert q.budgets == (4.0, 4.0) and not q.settled and q.ahead is None
+
+
+def test_a_claim_is_settled_by_a_settled_pair_that_fails_it_though_another_still_rises():
+    two = cl.Claim("x2", "a beats b and c", "—", "cmp", "a", ("b", "c"))
+    rising = rec("c", 0, [(60.0, 0.5), (120.0, 0.6), (180.0, 0.7), (240.0, 0.75)])
+    judged = cl.judge(two, records(flat("a", 0, 0.7), flat("b", 0, 0.8), rising))
+    assert judged.verdict == cl.FAILS and judged.settled and not judged.pairs[1].settled
+    held = cl.judge(two, records(flat("a", 0, 0.8), flat("b", 0, 0.7), rising))
+    assert held.verdict == cl.HOLDS and not held.settled  # c may yet catch up
+
+
+def test_a_target_reached_by_both_or_by_one_before_the_other_ended_settles_time_and_traffic_rules():
+    sooner = cl.Claim("x6", "sooner to 0.75", "—", "cmp", "a", ("b",), rule="sooner", target=0.75)
+    cheaper = cl.Claim("x7", "fewer MB to 0.75", "—", "cmp", "a", ("b",), rule="cheaper", target=0.75)
+    fast = rec("a", 0, [(60.0, 0.5), (120.0, 0.8), (180.0, 0.85), (240.0, 0.9)])  # still rising, reached at 120 s
+    slow = rec("b", 0, [(60.0, 0.4), (120.0, 0.5), (180.0, 0.6), (240.0, 0.7)])  # still rising, not reached
+    for claim in (sooner, cheaper):
+        p = cl.judge(claim, records(fast, slow)).pairs[0]
+        assert p.scores == [1] and not p.flat and p.final and p.settled
+    # neither reached: a tie that either could break with more time
+    assert not cl.judge(sooner, records(slow, {**slow, "method": "b"})).settled
+    # a reached at 180 s, b had not by its end at 120 s: b may yet reach it sooner, or later
+    late = rec("a", 0, [(60.0, 0.5), (120.0, 0.6), (180.0, 0.8), (240.0, 0.9)])
+    short = rec("b", 0, [(60.0, 0.4), (120.0, 0.6)], minutes=2.0)
+    p = cl.judge(sooner, records(late, short)).pairs[0]
+    assert p.budgets == (2.0, 2.0) and not p.settled
+    behind = cl.judge(sooner, records({**short, "method": "a"}, {**late, "method": "b"})).pairs[0]
+    assert behind.budgets == (2.0, 2.0) and not behind.settled  # the same the other way round
+    # with traffic, a reach settles against the other's bytes at its end: b had sent more by then
+    wasteful = rec("b", 0, [(60.0, 0.4), (120.0, 0.6)], minutes=2.0)
+    wasteful["curve"] = [[t, acc, up * 100, down * 100] for t, acc, up, down in wasteful["curve"]]
+    q = cl.judge(cheaper, records(late, wasteful)).pairs[0]
+    assert q.scores == [1] and q.final and q.budgets == (4.0, 2.0)

@@ -222,4 +222,19 @@ def test_the_still_rising_table_names_the_runs_that_would_settle_a_claim():
     ]
     level = records(flat("a", 0, 0.8), flat("b", 0, 0.7))
     judged = claims.judge(claims.Claim("y", "a beats b", "—", "cmp", "a", ("b",)), level)
-    assert judged.pairs and report.rising_table([judged]) == "Every curve a claim judges has flattened."
+    assert judged.pairs and report.rising_table([judged]) == "Every verdict is settled."
+
+
+def test_a_method_that_won_with_less_time_is_not_asked_to_run_on_only_the_one_it_beat_is():
+    from tests.unit.test_claims import flat, rec, records
+
+    # b wins at 4 minutes, where both still rise; a's 8-minute runs rise too: only a's running on can settle it
+    a = [rec("a", s, [(60.0 * k, 0.3 + 0.04 * k) for k in range(9)], minutes=8.0) for s in range(2)]
+    b = [rec("b", s, [(60.0, 0.5), (120.0, 0.7), (180.0, 0.8), (240.0, 0.9)]) for s in range(2)]
+    judged = claims.judge(claims.Claim("x", "a beats b", "—", "cmp", "a", ("b",)), records(*a, *b))
+    assert judged.pairs[0].ahead == (8.0, 4.0) and not judged.settled
+    assert report.rising_table([judged]).splitlines()[2:] == ["| cmp | a | 0,1 · 8 | +0.100 | longer | x |"]
+    # once a has flattened below b's 4-minute best, b's still rising best is a floor and the verdict is settled
+    done = claims.judge(claims.Claim("x", "a beats b", "—", "cmp", "a", ("b",)), records(*b, flat("a", 0, 0.7, 8.0)))
+    assert done.settled and report.glance(done, done.pairs[0]) == "0.700 vs ≥ 0.900"
+    assert "↗" not in report.claims_table([done], paper=False)

@@ -3,10 +3,11 @@
 A claim names a comparison, a subject method and the methods it is said to beat. Each (subject, comparator) pair is
 judged on the seeds both ran, cut to the longest virtual budget every one of those seeds reaches (a simulation is
 deterministic, so a longer run's first minutes are the shorter run), seed by seed, under the claim's rule. Where a
-curve still rises at that budget but each method has converged at its own longest budget, each is judged there
-instead (the paper reports "the best test accuracy after each training process converges"), when the method that
-had less time wins every seed. Everything here is a pure function of the records, so `fedat tabulate` recomputes
-every verdict whenever a record lands.
+curve still rises at that budget, each method is judged at its own longest budget instead (the paper reports "the
+best test accuracy after each training process converges") when the method that had less time wins every seed there
+and the other has converged, or when every seed's time or traffic to the target can no longer change. A verdict is
+settled when more time could not change it. Everything here is a pure function of the records, so `fedat tabulate`
+recomputes every verdict whenever a record lands.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ class Seed:
     rise: float | None
     variance: float | None
     reach: tuple[float, int, int] | None  # (s, bytes up + down, bytes up) at the first evaluation at the target
+    spent: tuple[float, int, int]  # (s, bytes up + down, bytes up) at the run's end: what a later reach exceeds
 
 
 def measure(rec: dict, target: float | None) -> Seed:
@@ -84,6 +86,7 @@ def measure(rec: dict, target: float | None) -> Seed:
     hit = None
     if target is not None:
         hit = next(((t, up + down, up) for t, acc, up, down in curve if acc >= target), None)
+    _, _, up, down = curve[-1] if curve else (0.0, 0.0, 0, 0)
     return Seed(
         rec["seed"],
         rec["summary"].get("best_accuracy"),
@@ -91,6 +94,7 @@ def measure(rec: dict, target: float | None) -> Seed:
         quarter_rise(curve, end),
         rec["summary"].get("best_accuracy_variance"),
         hit,
+        (end, up + down, up),
     )
 
 
@@ -126,12 +130,27 @@ def _first(index: int) -> Callable[[Seed, Seed], int]:
     return rule
 
 
+def _stands(index: int) -> Callable[[Seed, Seed], bool]:
+    def final(a: Seed, b: Seed) -> bool:
+        # a reach stays where it is; a run that has not reached the target will, if ever, past its end: a seed's
+        # score stands once both have reached it, or one has before the other's run ended
+        if a.reach and b.reach:
+            return True
+        if a.reach:
+            return a.reach[index] < b.spent[index]
+        return b.reach is not None and b.reach[index] < a.spent[index]
+
+    return final
+
+
 @dataclass(frozen=True)
 class Rule:
     """How one seed's pair is scored: +1 the subject wins it, -1 it loses it, 0 split or tie."""
 
     says: str  # the rule in words, for the report
     score: Callable[[Seed, Seed], int]
+    longer_helps: bool = True  # a longer run can only raise a method's best, or bring its target nearer
+    final: Callable[[Seed, Seed], bool] | None = None  # whether a seed's score stands however long both run on
 
 
 RULES = {
@@ -149,20 +168,24 @@ RULES = {
         "on a seed the subject wins when the variance of the per-client accuracies at its best evaluation is below "
         "the comparator's",
         _lower_variance,
+        longer_helps=False,  # the variance at a later best evaluation may be higher or lower
     ),
     "sooner": Rule(
         "on a seed the subject wins when it reaches the target accuracy in less virtual time (a run that never "
         "reaches it counts as infinitely late; two such runs tie)",
         _first(0),
+        final=_stands(0),
     ),
     "cheaper": Rule(
         "on a seed the subject wins when it reaches the target with fewer MB sent up and down (never reaching it "
         "counts as infinitely many; two such runs tie)",
         _first(1),
+        final=_stands(1),
     ),
     "cheaper-upload": Rule(
         "on a seed the subject wins when it reaches the target with fewer MB uploaded",
         _first(2),
+        final=_stands(2),
     ),
 }
 
@@ -200,6 +223,10 @@ class Pair:
     # Own budgets at which both have converged but the method with less time did not win every seed there: it must
     # run as long before the pair can be judged where both have converged
     outrun: tuple[float, float] | None = None
+    # Own budgets at which the method with less time won every seed but the other still rises: only the other has to
+    # run on (until it has flattened) before the pair can be judged there
+    ahead: tuple[float, float] | None = None
+    final: bool = False  # every seed's score stands however long both run on (the time or traffic to a target)
 
     @property
     def verdict(self) -> str:
@@ -217,8 +244,14 @@ class Pair:
 
     @property
     def common(self) -> bool:
-        """Whether both methods were cut to one budget (else each is judged converged at its own)."""
+        """Whether both methods were cut to one budget (else each is judged at its own)."""
         return self.budgets[0] == self.budgets[1]
+
+    @property
+    def settled(self) -> bool:
+        """Whether more time could not change the verdict: both have converged, every seed's score stands, or each
+        was judged at its own budget (only where more time could not change it)."""
+        return self.flat or self.final or not self.common
 
 
 def converged(seeds: Sequence[Seed]) -> bool:
@@ -248,13 +281,22 @@ class Judged:
             return PENDING
         return HOLDS if all(v == HOLDS for v in verdicts) else PARTLY
 
+    @property
+    def settled(self) -> bool:
+        """Whether more time could not change the verdict: a settled pair fails it, or every pair is settled."""
+        if any(p.settled and p.verdict == FAILS for p in self.pairs):
+            return True
+        return bool(self.pairs) and not self.missing and all(p.settled for p in self.pairs)
+
 
 def pair(subject: Sequence[dict], other: Sequence[dict], against: str, rule: str, target: float | None) -> Pair | None:
     """Both methods on the seeds both ran, cut to the longest budget all those seeds reach; None if no common seed.
 
-    Where a curve still rises at that budget but each method's runs have flattened by its own longest budget on those
-    seeds, each is judged at its own (the paper's measure is each method's best once it has converged), provided the
-    method given less time wins every seed: more time can then only have helped the loser."""
+    Where the verdict there could still change with more time, each is judged at its own longest budget on those
+    seeds (the paper's measure is each method's best once it has converged) when every seed's score stands there, or
+    when the method given less time wins every seed and the other's runs have flattened: more time can then only
+    have helped the loser, and the winner's best can only rise (for rules where a longer run only helps, a winner
+    still rising will do; otherwise both must have flattened)."""
     by_seed = {r["seed"]: r for r in other}
     both = [(a, by_seed[a["seed"]]) for a in subject if a["seed"] in by_seed]
     if not both:
@@ -262,13 +304,19 @@ def pair(subject: Sequence[dict], other: Sequence[dict], against: str, rule: str
     budget = min(min(a["virtual_minutes"], b["virtual_minutes"]) for a, b in both)
     shared = _cut(both, (budget, budget), against, rule, target)
     own = (min(a["virtual_minutes"] for a, _ in both), min(b["virtual_minutes"] for _, b in both))
-    if shared.flat or own == shared.budgets:
+    if shared.settled or own == shared.budgets:
         return shared
     each = _cut(both, own, against, rule, target)
-    if not each.flat:
-        return shared
+    if each.final:
+        return each
     shorter = _sign(own[1] - own[0])  # the score of a seed the method with less time wins
-    return each if all(score == shorter for score in each.scores) else replace(shared, outrun=own)
+    longer = each.subject if shorter < 0 else each.other  # the method given more time
+    won = all(score == shorter for score in each.scores)
+    if won and (each.flat or (RULES[rule].longer_helps and converged(longer))):
+        return each
+    if each.flat:
+        return replace(shared, outrun=own)
+    return replace(shared, ahead=own) if won and RULES[rule].longer_helps else shared
 
 
 def _cut(
@@ -278,6 +326,7 @@ def _cut(
     mine = [measure(a, target) for a, _ in cut]
     theirs = [measure(b, target) for _, b in cut]
     scores = [RULES[rule].score(a, b) for a, b in zip(mine, theirs, strict=True)]
+    final = RULES[rule].final
     return Pair(
         against,
         budgets,
@@ -286,6 +335,7 @@ def _cut(
         scores,
         ([a for a, _ in cut], [b for _, b in cut]),
         ([a for a, _ in both], [b for _, b in both]),
+        final=final is not None and all(final(a, b) for a, b in zip(mine, theirs, strict=True)),
     )
 
 

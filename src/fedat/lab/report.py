@@ -194,9 +194,11 @@ def glance_legend() -> str:
     return (
         "*Ours*: mean ± std over the seeds of best accuracy, or of the claim's measure, against the comparator the "
         "claim fares worst with, both cut to the longest virtual budget they share (*seeds · min*), or each at its "
-        "own where only there both have converged and the one with less time won (*min / min*). **holds**: every "
-        "seed won against every comparator; **does not** hold: every seed lost against one; **partly**: anything "
-        f"else; {RISING}: a curve still rises more than {cl.FLAT_RISE:g} a quarter at that budget "
+        "own (*min / min*) where more time could not change the verdict: the one with less time won every seed and "
+        "the other had converged (≥: a best still rising there), or each seed's time or traffic to the target can "
+        "no longer change. **holds**: every seed won against every comparator; **does not** hold: every seed lost "
+        f"against one; **partly**: anything else; {RISING}: more time could still change the verdict, as a curve "
+        f"still rises more than {cl.FLAT_RISE:g} a quarter at that budget "
         f"([which, and what would settle it]({PAGES}/{CLAIMS_PAGE}#still-rising)). Every comparator, the per-seed "
         f"scores and the longer runs: [the claims in full]({PAGES}/{CLAIMS_PAGE}); "
         "[how a verdict is reached](#how-a-verdict-is-reached)."
@@ -208,11 +210,12 @@ def legend() -> str:
     return (
         "*Ours* is the mean ± std over the seeds of best accuracy unless the claim names another measure; each pair "
         "of methods is compared seed by seed at the longest virtual budget both ran (*seeds · min*), or each at its "
-        "own where only there both have converged and the one with less time won (*subject's min / comparator's "
-        "min*). Per seed ✓ won, "
+        "own where more time could not change the verdict (*subject's min / comparator's min*; ≥: a best still "
+        "rising there). Per seed ✓ won, "
         "✗ lost, ~ split (ahead in one accuracy measure, behind in the other). A claim **holds** when every seed is "
         "won against every comparator, **does not hold** when every seed is lost against one, and is **partly** true "
-        f"otherwise; {RISING}: a curve still rises more than {cl.FLAT_RISE:g} a quarter there (not converged), and "
+        f"otherwise; {RISING}: more time could still change the verdict, as a curve still rises more than "
+        f"{cl.FLAT_RISE:g} a quarter there (not converged), and "
         "*longer runs* give the best accuracy of a method that ran on past that budget. "
         "[How a verdict is reached](../results.md#how-a-verdict-is-reached)."
     )
@@ -232,10 +235,10 @@ def claims_page(judged: Sequence[cl.Judged], beyond: Sequence[cl.Judged]) -> str
                 claims_table(beyond, paper=False, figures="figures"),
                 legend(),
                 "## Still rising",
-                "What holds each ↗ verdict from a flat one, on the seeds it is judged on: a method whose curve still "
-                "rises at the end of its runs (run it longer), or one that has flattened but did not beat on every "
-                "seed a comparator given more time (run it as long). A method cut short for a comparator that ran "
-                "less is not listed: its comparator is. Runs are set in each comparison file's `method_minutes`.",
+                "What holds each ↗ verdict from a settled one, on the seeds it is judged on: a method whose curve "
+                "still rises at the end of its runs (run it longer), or one that has flattened but did not beat on "
+                "every seed a comparator given more time (run it as long). A method cut short for a comparator that "
+                "ran less is not listed: its comparator is. Runs are set in each comparison file's `method_minutes`.",
                 rising_table([*judged, *beyond]),
             ]
         )
@@ -244,11 +247,13 @@ def claims_page(judged: Sequence[cl.Judged], beyond: Sequence[cl.Judged]) -> str
 
 
 def rising_table(judged: Sequence[cl.Judged]) -> str:
-    """A row per (comparison, method, seeds, budget) that holds a claim's pair from a flat verdict: what to run."""
+    """A row per (comparison, method, seeds, budget) that holds a claim's pair from a settled verdict: what to run."""
     rows: dict[tuple[str, str, tuple[int, ...], float], tuple[str, str, list[str]]] = {}
     for j in judged:
+        if j.settled:
+            continue
         for p in j.pairs:
-            if p.flat and p.outrun is None:
+            if p.settled:
                 continue
             names = (j.claim.subject, p.against)
             sides = zip(names, (p.subject, p.other), p.budgets, p.uncut, strict=True)
@@ -259,6 +264,13 @@ def rising_table(judged: Sequence[cl.Judged]) -> str:
                     key = (j.claim.comparison, method, seed_ids, own)
                     todo = f"to {p.outrun[1 - i]:g} min, where {names[1 - i]} was not beaten on every seed"
                     rise = "flat"
+                elif p.ahead is not None and p.ahead[i] < p.ahead[1 - i]:  # won with less time: the other runs on
+                    continue
+                elif p.ahead is not None:
+                    at_own = [cl.measure(sweep.truncated(r, own), None).rise for r in whole]
+                    rises = [r for r in at_own if r is not None]
+                    key, todo = (j.claim.comparison, method, seed_ids, own), "longer"
+                    rise = f"{sum(rises) / len(rises):+.3f}" if rises else "—"
                 elif not cl.converged(seeds) and budget >= own:  # not cut short for the other: its own runs end here
                     rises = [s.rise for s in seeds if s.rise is not None]
                     key, todo = (j.claim.comparison, method, seed_ids, budget), "longer"
@@ -269,7 +281,7 @@ def rising_table(judged: Sequence[cl.Judged]) -> str:
                 if j.claim.key not in row[2]:
                     row[2].append(j.claim.key)
     if not rows:
-        return "Every curve a claim judges has flattened."
+        return "Every verdict is settled."
     lines = [
         "| comparison | method | seeds · min | mean rise a quarter | to run | claims |",
         "|---|---|---|---:|---|---|",
@@ -289,7 +301,7 @@ def glance_table(judged: Sequence[cl.Judged], paper: bool = True) -> str:
             cells = [f"{c.key} {c.says}", c.paper, "no record yet", "—", cl.PENDING]
         else:
             p = worst(j)
-            budget = _budget(p) + (f" {RISING}" if not all(q.flat for q in j.pairs) else "")
+            budget = _budget(p) + ("" if j.settled else f" {RISING}")
             verdict = {cl.HOLDS: "**holds**", cl.FAILS: "**does\u00a0not**"}.get(j.verdict, j.verdict)  # one line
             rate = f" ({_lr(p.records[1][0]['settings'].get('learning_rate')).removeprefix('lr ')})"
             says = c.says + (rate if c.tuned or c.at_tuned_rate else "")
@@ -323,7 +335,12 @@ def glance(j: cl.Judged, p: cl.Pair) -> str:
             if other
             else f"{_relative_best(p)} ({_mean(p.subject)} vs {_mean(p.other)})"
         )
-    return f"{_best(p.subject)} vs {other} {_best(p.other)}".replace("  ", " ")
+    return f"{_floor(p, 0)}{_best(p.subject)} vs {other} {_floor(p, 1)}{_best(p.other)}".replace("  ", " ")
+
+
+def _floor(p: cl.Pair, side: int) -> str:
+    """ "≥ " before a best judged at its method's own budget while still rising there: it can only have risen."""
+    return "" if p.common or cl.converged((p.subject, p.other)[side]) else "≥ "
 
 
 def _mean(seeds: Sequence[cl.Seed]) -> str:
@@ -394,7 +411,8 @@ def ours(j: cl.Judged) -> str:
     elif c.relative and len(j.pairs) > 1:
         text = f"{name} {_best(main.subject)}: " + ", ".join(f"{_relative_best(p)} vs {other(p)}" for p in j.pairs)
     else:
-        parts = [f"{name} {_best(main.subject)}"] + [f"{other(p)} {_best(p.other)}" for p in j.pairs]
+        parts = [f"{name} {_floor(main, 0)}{_best(main.subject)}"]
+        parts += [f"{other(p)} {_floor(p, 1)}{_best(p.other)}" for p in j.pairs]
         text = " · ".join(parts) + (f": {_relative_best(j.pairs[0])}" if c.relative else "")
     if c.at_tuned_rate:
         text = f"at {_lr(main.records[0][0]['settings'].get('learning_rate'))}: {text}"
@@ -484,7 +502,7 @@ def _reach(j: cl.Judged) -> str:
 def _verdict(j: cl.Judged) -> str:
     v = j.verdict
     text = f"**{v}**" if v in (cl.HOLDS, cl.FAILS) else v
-    return text + (f" {RISING}" if not all(p.flat for p in j.pairs) else "")
+    return text + ("" if j.settled else f" {RISING}")
 
 
 # --- the rules, the comparisons' pages, the figures ----------------------------------------------------------------
@@ -516,13 +534,18 @@ def rules() -> str:
         "of the sweep whose FedAvg has the highest mean best accuracy on the seeds all rates ran, at the budget all "
         "of them reach. A row at the tuned rate compares every method's runs at that rate (at 1e-3, the runs above).",
         f"- **Converged:** a pair's curves count as flat when each method's mean last-quarter rise (last quarter's "
-        f"mean accuracy minus the quarter's before) is at most {cl.FLAT_RISE:g}. Where they are not flat at the "
-        "budget both reach but each method's own longest runs on those seeds are flat, each is judged at its own "
-        "(*45 / 60*: the subject at 45 min, the comparator at 60), since the paper reports the best accuracy "
-        "after each method converges; but only when the method that had less time wins every seed, as more time can "
-        "then only have helped the loser (a longer run keeps the shorter run's first minutes: its best can only be "
-        "higher, and a target reached stays reached at the same time). Otherwise the pair is judged at the shared "
-        f"budget and the verdict carries {RISING}.",
+        f"mean accuracy minus the quarter's before) is at most {cl.FLAT_RISE:g}. A verdict is *settled* when more "
+        "time could not change it: both curves are flat at the budget both reach, or each method is judged at its "
+        "own longest budget on those seeds (*45 / 60*: the subject at 45 min, the comparator at 60), since the "
+        "paper reports the best accuracy after each method converges. Each is judged at its own only where more "
+        "time could not change the verdict there: when the method that had less time wins every seed and the other "
+        "has converged, as more time can then only have helped the loser (a longer run keeps the shorter run's "
+        "first minutes: its best can only be higher, and a target reached stays reached at the same time); a "
+        "winner still rising is marked ≥, except under the variance rule, whose measure a longer run can move "
+        "either way, where both must be flat. Under the time and traffic rules a seed's score also stands once both "
+        "have reached the target, or one has before the other's run ended (the other can only reach it later and "
+        "with more traffic). A claim is settled when a settled pair fails it or every pair is settled; otherwise "
+        f"its verdict carries {RISING}.",
     ]
     return "\n".join(lines)
 
