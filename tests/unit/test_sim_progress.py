@@ -1,8 +1,11 @@
-"""A sweep's runs say how far they are and how long they still need, at most once per interval of wall time."""
+"""A sweep's runs say how far they are and how long they still need, at most once per interval of wall time, and
+skip a run another sweep has filed meanwhile."""
 
 from __future__ import annotations
 
-from fedat_sim.compare import Progress, _duration
+import json
+
+from fedat_sim.compare import Progress, _duration, filed
 
 
 class FakeWall:
@@ -49,3 +52,15 @@ def test_durations_read_as_people_say_them():
         "1 h 00 min",
         "3 h 05 min",
     ]
+
+
+def test_a_run_filed_by_another_sweep_at_least_as_long_is_not_run_again(tmp_path):
+    from fedat.lab import sweep
+
+    out = sweep.record_path(tmp_path, "cmp", "fedat", 1)
+    assert filed(tmp_path, "cmp", "fedat", 1, 30.0) is None
+    out.parent.mkdir(parents=True)
+    out.write_text(json.dumps({"virtual_minutes": 30.0, "seed": 1}))
+    assert filed(tmp_path, "cmp", "fedat", 1, 30.0) == {"virtual_minutes": 30.0, "seed": 1}
+    assert filed(tmp_path, "cmp", "fedat", 1, 60.0) is None  # shorter than this sweep's run: it runs
+    assert filed(tmp_path, "cmp", "fedat", 2, 30.0) is None

@@ -1,7 +1,8 @@
 """`fedat compare --simulate`: every method of a comparison on several seeds in virtual time, a run per core.
 
 Each finished run leaves its record (`fedat.lab.sweep`) under the summaries folder at once, and a record that exists
-with at least these virtual minutes is not run again: a sweep stopped half-way resumes where it stopped. SIGTERM or
+with at least these virtual minutes is not run again (checked again as each run starts, so a sweep skips what one
+beside it filed meanwhile): a sweep stopped half-way resumes where it stopped. SIGTERM or
 Ctrl-C stops a sweep: the runs in progress end early and file their shorter records, no further run starts, and a
 record is never replaced by a shorter one.
 """
@@ -110,6 +111,9 @@ def run_one(
     from fedat_sim.simulate import simulate, stop_on_sigterm
 
     name, _, targets, exps = load_comparison(path)
+    if (rec := filed(summaries, name, method, seed, minutes)) is not None:
+        print(f"[fedat compare --simulate] {method} seed {seed}: filed by another sweep meanwhile", flush=True)
+        return rec
     methods = [e.name.removeprefix(f"{name}-") for e in exps]
     exp = exps[methods.index(method)]
     tag = f"{name}-{method}-seed{seed}-{time.strftime('%H%M%S')}"
@@ -121,6 +125,14 @@ def run_one(
     rec = sweep.make_record(Path(summary["run_dir"]), name, method, methods.index(method), targets)
     _file(sweep.record_path(summaries, name, method, seed), rec)
     return rec
+
+
+def filed(summaries: Path, name: str, method: str, seed: int, minutes: float) -> dict | None:
+    """The run's record if one at least `minutes` long is there: a sweep running beside this one may have filed it
+    after this one was planned, and a run is not done twice."""
+    out = sweep.record_path(summaries, name, method, seed)
+    rec = json.loads(out.read_text()) if out.exists() else None
+    return rec if rec is not None and float(rec["virtual_minutes"]) >= minutes - 1e-9 else None
 
 
 def _file(out: Path, rec: dict) -> None:
