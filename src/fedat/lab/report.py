@@ -237,8 +237,10 @@ def claims_page(judged: Sequence[cl.Judged], beyond: Sequence[cl.Judged]) -> str
                 "## Still rising",
                 "What holds each ↗ verdict from a settled one, on the seeds it is judged on: a method whose curve "
                 "still rises at the end of its runs (run it longer), or one that has flattened but did not beat on "
-                "every seed a comparator given more time (run it as long). A method cut short for a comparator that "
-                "ran less is not listed: its comparator is. Runs are set in each comparison file's `method_minutes`.",
+                "every seed a comparator given more time (run it as long). A method that won every seed with less "
+                "time than its comparator is not listed, as running on can only raise its best: its comparator is, "
+                "until it has flattened; nor is one cut short for a comparator that ran less. Runs are set in each "
+                "comparison file's `method_minutes`.",
                 rising_table([*judged, *beyond]),
             ]
         )
