@@ -518,7 +518,7 @@ def rules() -> str:
     lines = [
         "- **Pairs.** A claim's subject is compared with each comparator on the seeds both ran, both runs cut to the "
         "longest virtual budget all those seeds reach (the simulation is deterministic, so a longer run's first "
-        "minutes are the shorter run), or each at its own longest where only there both have converged (below). "
+        "minutes are the shorter run), or each at its own longest where only that settles the verdict (below). "
         "The numbers shown are means ± sample standard deviations over those seeds.",
     ]
     tuned = [c.key for c in (*cl.CLAIMS, *cl.BEYOND) if c.tuned or c.at_tuned_rate]
@@ -535,19 +535,19 @@ def rules() -> str:
         f"- **A learning rate tuned for FedAvg** ({', '.join(tuned)}): as the paper does, FedAvg's rate is the one "
         "of the sweep whose FedAvg has the highest mean best accuracy on the seeds all rates ran, at the budget all "
         "of them reach. A row at the tuned rate compares every method's runs at that rate (at 1e-3, the runs above).",
-        f"- **Converged:** a pair's curves count as flat when each method's mean last-quarter rise (last quarter's "
-        f"mean accuracy minus the quarter's before) is at most {cl.FLAT_RISE:g}. A verdict is *settled* when more "
-        "time could not change it: both curves are flat at the budget both reach, or each method is judged at its "
-        "own longest budget on those seeds (*45 / 60*: the subject at 45 min, the comparator at 60), since the "
-        "paper reports the best accuracy after each method converges. Each is judged at its own only where more "
-        "time could not change the verdict there: when the method that had less time wins every seed and the other "
-        "has converged, as more time can then only have helped the loser (a longer run keeps the shorter run's "
-        "first minutes: its best can only be higher, and a target reached stays reached at the same time); a "
-        "winner still rising is marked ≥, except under the variance rule, whose measure a longer run can move "
-        "either way, where both must be flat. Under the time and traffic rules a seed's score also stands once both "
-        "have reached the target, or one has before the other's run ended (the other can only reach it later and "
-        "with more traffic). A claim is settled when a settled pair fails it or every pair is settled; otherwise "
-        f"its verdict carries {RISING}.",
+        f"- **Converged:** a method's curve counts as flat when its mean last-quarter rise over the seeds (last "
+        f"quarter's mean accuracy minus the quarter's before) is at most {cl.FLAT_RISE:g}.",
+        f"- **Settled:** a verdict is settled when more time could not change it; otherwise it carries {RISING}. A "
+        "pair is settled when both curves are flat at the budget both reach, or when each method is judged at its "
+        "own longest budget on those seeds (*45 / 60*: the subject at 45 min, the comparator at 60), as the paper "
+        "reports each method's best after it converges. That is done only where the method given less time wins "
+        "every seed and the other has flattened: more time can then only have helped the loser, and a longer run "
+        "keeps the shorter run's first minutes, so the winner's best can only be higher (marked ≥ where its curve "
+        "still rises; under the variance rule, which a longer run can move either way, the winner must have "
+        "flattened too). Under the time and traffic rules a seed's score stands once both have reached the target, "
+        "or one has before the other's run ended: the other can reach it only later and with more traffic (where "
+        "that holds of every seed only at each method's own budget, the pair is judged there). A claim is settled "
+        "when a settled pair fails it or every pair is settled.",
     ]
     return "\n".join(lines)
 
