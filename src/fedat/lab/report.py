@@ -269,14 +269,11 @@ def rising_table(judged: Sequence[cl.Judged]) -> str:
                 elif p.ahead is not None and p.ahead[i] < p.ahead[1 - i]:  # won with less time: the other runs on
                     continue
                 elif p.ahead is not None:
-                    at_own = [cl.measure(sweep.truncated(r, own), None).rise for r in whole]
-                    rises = [r for r in at_own if r is not None]
                     key, todo = (j.claim.comparison, method, seed_ids, own), "longer"
-                    rise = f"{sum(rises) / len(rises):+.3f}" if rises else "—"
+                    rise = _mean_rise([cl.measure(sweep.truncated(r, own), None) for r in whole])
                 elif not cl.converged(seeds) and budget >= own:  # not cut short for the other: its own runs end here
-                    rises = [s.rise for s in seeds if s.rise is not None]
                     key, todo = (j.claim.comparison, method, seed_ids, budget), "longer"
-                    rise = f"{sum(rises) / len(rises):+.3f}" if rises else "—"
+                    rise = _mean_rise(seeds)
                 else:
                     continue
                 row = rows.setdefault(key, (rise, todo, []))
@@ -292,6 +289,11 @@ def rising_table(judged: Sequence[cl.Judged]) -> str:
         listed = ",".join(str(s) for s in seeds)
         lines.append(f"| {comparison} | {method} | {listed} · {budget:g} | {rise} | {todo} | {', '.join(keys)} |")
     return "\n".join(lines)
+
+
+def _mean_rise(seeds: Sequence[cl.Seed]) -> str:
+    rises = [s.rise for s in seeds if s.rise is not None]
+    return f"{sum(rises) / len(rises):+.3f}" if rises else "—"
 
 
 def glance_table(judged: Sequence[cl.Judged], paper: bool = True) -> str:
