@@ -151,17 +151,17 @@ def _tabulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
     """`fedat tabulate DIR` or `fedat tabulate --sweeps DIR [--into FILE]`."""
     if args.sweeps:
         from fedat.lab import sweep
-        from fedat.lab.compare_run import simulation_plan
+        from fedat.lab.compare_run import planned_minutes
 
-        files = {c: args.experiments / f"{c}.yaml" for c in sweep.load_records(args.sweeps)}
-        planned = {c: simulation_plan(f).virtual_minutes for c, f in files.items() if f.is_file()}
+        records = sweep.load_records(args.sweeps)
+        planned, method_minutes = planned_minutes(args.experiments, records)
         if not args.into:
             print(sweep.render(args.sweeps, minutes=args.minutes, planned=planned))
             return
         from fedat.lab import report
 
         # the chaos and scale summaries sit beside the sweep records' folder (docs/summaries)
-        built = report.generate(sweep.load_records(args.sweeps), args.into.name, planned, args.sweeps.parent)
+        built = report.generate(records, args.into.name, planned, args.sweeps.parent, method_minutes)
         changed = report.write(built, args.into.parent)
         for path in changed:
             print(f"{path}: rebuilt from {args.sweeps}")

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from fedat.lab import claims, pipeline_tables, plots, report, sweep
-from fedat.lab.compare_run import simulation_plan
+from fedat.lab.compare_run import planned_minutes
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -23,9 +23,8 @@ REBUILD = "fedat tabulate --sweeps docs/summaries/sim --into docs/results.md"
 def committed() -> report.Report:
     """The report the committed records make, generated as `fedat tabulate` does."""
     records = sweep.load_records(SIM)
-    files = {c: ROOT / "experiments" / f"{c}.yaml" for c in records}
-    planned = {c: simulation_plan(f).virtual_minutes for c, f in files.items() if f.is_file()}
-    return report.generate(records, "results.md", planned, DOCS / "summaries")
+    planned, method_minutes = planned_minutes(ROOT / "experiments", records)
+    return report.generate(records, "results.md", planned, DOCS / "summaries", method_minutes)
 
 
 @pytest.fixture(scope="module")
@@ -212,6 +211,10 @@ def test_the_still_rising_table_names_the_runs_that_would_settle_a_claim():
     assert not judged.pairs[0].flat and not claims.converged(judged.pairs[0].subject)
     table = report.rising_table([judged])
     assert table.splitlines()[2:] == ["| cmp | b | 0,1 · 4 | +0.075 | longer | x |"]  # a's own runs go on
+    # a budget its comparison file sets beyond the runs is what to run; one the runs have reached is not
+    set_to = report.rising_table([judged], {"cmp": {"b": 10.0}}).splitlines()[2:]
+    assert set_to == ["| cmp | b | 0,1 · 4 | +0.075 | to 10 min, as its comparison file sets | x |"]
+    assert report.rising_table([judged], {"cmp": {"b": 4.0}}) == table
     # a flat at 4 minutes, b flat at 16 above it: b's four times longer runs won, so a has to run as long
     a = [flat("a", s, 0.7, minutes=4.0) for s in range(2)]
     b = [rising_then_flat("b", s, 16.0) for s in range(2)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,6 +83,17 @@ def simulation_plan(path: Path) -> SimulationPlan:
     seeds = tuple(int(s) for s in sim.get("seeds", [exps[0].settings.get("seed", 0)]))
     per_method = {str(m): float(v) for m, v in longer.items()}
     return SimulationPlan(float(sim.get("virtual_minutes", minutes)), seeds, single, per_method, swept)
+
+
+def planned_minutes(
+    experiments: Path, records: Mapping[str, Iterable[str]]
+) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """The virtual minutes the comparison files in `experiments` set for `records` (comparison → its methods): each
+    comparison's budget, and each method's own (comparison → method → minutes); a comparison without a file has
+    neither."""
+    plans = {c: simulation_plan(f) for c in records if (f := experiments / f"{c}.yaml").is_file()}
+    budgets = {c: plan.virtual_minutes for c, plan in plans.items()}
+    return budgets, {c: {m: plan.minutes_for(m) for m in records[c]} for c, plan in plans.items()}
 
 
 def curve(run_dir: Path) -> list[tuple[float, float, int, int]]:

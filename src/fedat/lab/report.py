@@ -69,8 +69,10 @@ def generate(
     report: str = "results.md",
     planned: Mapping[str, float] | None = None,
     pipeline: Path | None = None,
+    method_minutes: Mapping[str, Mapping[str, float]] | None = None,
 ) -> Report:
-    """The report `report` (a file name beside `report/`) from the records (comparison → method → records)."""
+    """The report `report` (a file name beside `report/`) from the records (comparison → method → records); `planned`
+    is each comparison file's budget and `method_minutes` its methods' own (comparison → method → minutes)."""
     judged = [cl.judge(c, records) for c in cl.CLAIMS]
     beyond = [cl.judge(c, records) for c in cl.BEYOND]
     figures = {f"{FIGURES}/{j.claim.key}.png": fig for j in judged + beyond if (fig := claim_figure(j, records))}
@@ -81,7 +83,7 @@ def generate(
             plots.sweep_digest(comparison, methods),
             lambda path, c=comparison, m=methods: plots.plot_sweep(path, c, m),
         )
-    pages[f"{PAGES}/{CLAIMS_PAGE}"] = claims_page(judged, beyond)
+    pages[f"{PAGES}/{CLAIMS_PAGE}"] = claims_page(judged, beyond, method_minutes or {})
     blocks = {
         report: {
             "summary": summary(records, judged),
@@ -221,7 +223,11 @@ def legend() -> str:
     )
 
 
-def claims_page(judged: Sequence[cl.Judged], beyond: Sequence[cl.Judged]) -> str:
+def claims_page(
+    judged: Sequence[cl.Judged],
+    beyond: Sequence[cl.Judged],
+    method_minutes: Mapping[str, Mapping[str, float]] | None = None,
+) -> str:
     """The page of the claims in full, the paper's and the project's: every comparator, per-seed scores, longer runs."""
     return (
         "\n\n".join(
@@ -241,15 +247,16 @@ def claims_page(judged: Sequence[cl.Judged], beyond: Sequence[cl.Judged]) -> str
                 "time than its comparator is not listed, as running on can only raise its best: its comparator is, "
                 "until it has flattened; nor is one cut short for a comparator that ran less. Runs are set in each "
                 "comparison file's `method_minutes`.",
-                rising_table([*judged, *beyond]),
+                rising_table([*judged, *beyond], method_minutes or {}),
             ]
         )
         + "\n"
     )
 
 
-def rising_table(judged: Sequence[cl.Judged]) -> str:
-    """A row per (comparison, method, seeds, budget) that holds a claim's pair from a settled verdict: what to run."""
+def rising_table(judged: Sequence[cl.Judged], method_minutes: Mapping[str, Mapping[str, float]] | None = None) -> str:
+    """A row per (comparison, method, seeds, budget) that holds a claim's pair from a settled verdict: what to run,
+    up to the minutes its comparison file already sets for it (`method_minutes`: comparison → method → minutes)."""
     rows: dict[tuple[str, str, tuple[int, ...], float], tuple[str, str, list[str]]] = {}
     for j in judged:
         if j.settled:
@@ -276,6 +283,9 @@ def rising_table(judged: Sequence[cl.Judged]) -> str:
                     rise = _mean_rise(seeds)
                 else:
                     continue
+                set_to = (method_minutes or {}).get(key[0], {}).get(method)
+                if todo == "longer" and set_to is not None and set_to > key[3]:
+                    todo = f"to {set_to:g} min, as its comparison file sets"
                 row = rows.setdefault(key, (rise, todo, []))
                 if j.claim.key not in row[2]:
                     row[2].append(j.claim.key)
