@@ -83,7 +83,7 @@ def generate(
             plots.sweep_digest(comparison, methods),
             lambda path, c=comparison, m=methods: plots.plot_sweep(path, c, m),
         )
-    pages[f"{PAGES}/{CLAIMS_PAGE}"] = claims_page(judged, beyond, method_minutes or {})
+    pages[f"{PAGES}/{CLAIMS_PAGE}"] = claims_page(judged, beyond, method_minutes)
     blocks = {
         report: {
             "summary": summary(records, judged),
@@ -247,7 +247,7 @@ def claims_page(
                 "time than its comparator is not listed, as running on can only raise its best: its comparator is, "
                 "until it has flattened; nor is one cut short for a comparator that ran less. Runs are set in each "
                 "comparison file's `method_minutes`.",
-                rising_table([*judged, *beyond], method_minutes or {}),
+                rising_table([*judged, *beyond], method_minutes),
             ]
         )
         + "\n"
