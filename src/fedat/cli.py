@@ -156,7 +156,7 @@ def _tabulate(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None
         records = sweep.load_records(args.sweeps)
         planned, method_minutes = planned_minutes(args.experiments, records)
         if not args.into:
-            print(sweep.render(args.sweeps, minutes=args.minutes, planned=planned))
+            print(sweep.render(records, minutes=args.minutes, planned=planned))
             return
         from fedat.lab import report
 

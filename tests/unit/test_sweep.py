@@ -63,7 +63,7 @@ def test_tables_give_mean_and_spread_over_seeds_in_the_comparison_files_order(tm
     save(root, sweep.make_record(run_folder(tmp_path, 0, 0.7, [[1.0, 0.0]]), "cmp", "fedavg", 1, [0.65, 0.75]))
     records = sweep.load_records(root)
     assert list(records["cmp"]) == ["fedat", "fedavg"]  # file order, not alphabetical
-    md = sweep.render(root)
+    md = sweep.render(records)
     # last-quarter rise: the evaluation at 110 s (last quarter of 120 s) minus the one at 60 s (the quarter before)
     row = "| fedat | 0,1 | 0.850 ± 0.071 | 0.850 ± 0.071 | +0.200 ± 0.000 | 1.00 ± 0.47 | [6, 2] | [0.5, 0.5] | 1 |"
     assert row in md
@@ -169,7 +169,7 @@ def test_a_budget_that_only_reused_runs_reach_gets_no_table_of_its_own(tmp_path)
     save(root, sweep.reused(long, "precision", "fedat", 0, [0.6]))  # 2 min, reused
     own = sweep.make_record(run_folder(tmp_path, 1, 0.7, [[1.0, 0.0]]), "precision", "p3", 1, [0.6])
     save(root, {**sweep.truncated(own, 1.0), "seed": 0})  # the comparison's own run, 1 min
-    md = sweep.render(root)
+    md = sweep.render(sweep.load_records(root))
     assert "### main (2 virtual min per run)" in md and "### precision (1 virtual min per run)" in md
     assert "### precision (2 virtual min per run)" not in md  # it would hold the reused run alone
     assert "| fedat | 0* |" in md.split("### precision (1 virtual min per run)")[1]
@@ -271,14 +271,14 @@ def test_a_record_names_the_processor_it_ran_on_with_its_widest_vector_unit(tmp_
 def test_the_planned_budget_keeps_its_table_after_every_run_went_on_past_it(tmp_path):
     root = tmp_path / "sums"
     save(root, sweep.make_record(run_folder(tmp_path, 0, 0.8, [[0.5, 0.5]]), "cmp", "fedat", 0, [0.65]))
-    assert "(1 virtual min per run)" not in sweep.render(root)
-    md = sweep.render(root, planned={"cmp": 1.0, "other": 5.0})
+    assert "(1 virtual min per run)" not in sweep.render(sweep.load_records(root))
+    md = sweep.render(sweep.load_records(root), planned={"cmp": 1.0, "other": 5.0})
     # the 2-minute run's table first, then its first minute: only the evaluation at 60 s counts there
     assert md.index("(2 virtual min per run)") < md.index("(1 virtual min per run)")
     assert "| fedat | 0 | 0.600 |" in md.split("(1 virtual min per run)")[1]
     assert "(5 virtual min" not in md
     # a plan no run of the comparison's own reaches makes no table of its own
-    assert "(3 virtual min" not in sweep.render(root, planned={"cmp": 3.0})
+    assert "(3 virtual min" not in sweep.render(sweep.load_records(root), planned={"cmp": 3.0})
 
 
 def test_the_paired_table_counts_the_pairs_that_ran_on_one_kind_of_processor(tmp_path):
@@ -289,13 +289,13 @@ def test_the_paired_table_counts_the_pairs_that_ran_on_one_kind_of_processor(tmp
         save(root, {**rec, "cpu": cpu})
     save(root, {**sweep.make_record(run_folder(tmp_path, 2, 0.71, [[1.0]]), "cmp", "delta"), "cpu": None})
     save(root, {**sweep.make_record(run_folder(tmp_path, 2, 0.81, [[1.0]]), "cmp", "fedat"), "cpu": None})
-    md = sweep.render(root)
+    md = sweep.render(sweep.load_records(root))
     # seed 0 on one kind, seed 1 across kinds, seed 2 unrecorded: only seed 0 is known to share the arithmetic
     assert "| delta | 0,1,2 | -0.100 ± 0.000 | -0.100 ± 0.000 | 0/3 | 1/3 |" in md
     assert md.endswith(sweep.CPU_NOTE)
     for method, best in (("fedat", 0.6), ("delta", 0.5)):  # a second comparison with a paired table: one note
         save(root, {**sweep.make_record(run_folder(tmp_path, 3, best, [[1.0]]), "cmp2", method), "cpu": "A (avx2)"})
-    md = sweep.render(root)
+    md = sweep.render(sweep.load_records(root))
     assert md.count(sweep.CPU_NOTE) == 1 and md.endswith(sweep.CPU_NOTE) and "### cmp2" in md
     one = sweep.render_comparison("cmp2", sweep.load_records(root)["cmp2"])
     assert one.endswith(sweep.CPU_NOTE)  # a comparison's own page explains its own paired table

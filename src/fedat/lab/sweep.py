@@ -377,13 +377,16 @@ def at_budget(methods: Mapping[str, Sequence[dict]], minutes: float | None) -> t
 
 
 def render(
-    root: Path, only: str | None = None, minutes: float | None = None, planned: Mapping[str, float] | None = None
+    records: Mapping[str, Mapping[str, Sequence[dict]]],
+    only: str | None = None,
+    minutes: float | None = None,
+    planned: Mapping[str, float] | None = None,
 ) -> str:
-    """Markdown tables of every comparison under `root` (or just `only`), as `render_comparison` makes them, with the
+    """Markdown tables of every comparison in `records` (or just `only`), as `render_comparison` makes them, with the
     note on processors once at the end."""
     parts = [
         render_comparison(comparison, every, (planned or {}).get(comparison), minutes, note=False)
-        for comparison, every in load_records(root).items()
+        for comparison, every in records.items()
         if only is None or comparison == only
     ]
     parts = [p for p in parts if p]
