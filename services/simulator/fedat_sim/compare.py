@@ -325,7 +325,7 @@ def compare_simulated(
                 signal.signal(sig, handler)
     if unstarted:
         print(f"[fedat compare --simulate] stopped: {unstarted} runs not started", flush=True)
-    md = f"# {name}, simulated\n\n" + sweep.render(summaries, only=name, minutes=common)
+    md = f"# {name}, simulated\n\n" + sweep.render(sweep.load_records(summaries), only=name, minutes=common)
     (results / f"{name}-sim.md").write_text(md + "\n")
     return md
 
