@@ -45,13 +45,13 @@ run: setup broker data
 compare: setup broker data
 	$(PY) -m fedat.cli compare $(COMPARISON)
 
-# Three parts, all always run; any failing fails `test`. First the tests marked `solo` (a run that plans itself on
-# what it measured of the machine), one at a time with nothing beside them. Then the other tests marked `alone` (they
-# train with TensorFlow in real time or time real services against their windows), a file at a time on ALONE_JOBS
-# workers (one per core, at most 2: each such test keeps about one core busy, so two side by side still have a core
-# each), with no CPU-bound test beside them. Then everything else at once: the unit tests (CPU-bound) and the other
-# integration tests (each on its own vhost or private node, mostly waiting on the broker) on TEST_JOBS workers, the
-# tests marked slow first; the image's tests share a worker.
+# Three parts, all always run; any failing fails `test`. First the tests marked `solo` (a run timed against what it
+# measured of the machine or against the latency model), one at a time with nothing beside them. Then the other tests
+# marked `alone` (they train with TensorFlow in real time or time real services against their windows), a file at a
+# time on ALONE_JOBS workers (one per core, at most 2: each such test keeps about one core busy, so two side by side
+# still have a core each), with no CPU-bound test beside them. Then everything else at once: the unit tests
+# (CPU-bound) and the other integration tests (each on its own vhost or private node, mostly waiting on the broker) on
+# TEST_JOBS workers, the tests marked slow first; the image's tests share a worker.
 TEST_JOBS ?= $(shell n=$$(nproc); echo $$(( 2 * n < 8 ? 2 * n : 8 )))
 ALONE_JOBS ?= $(shell n=$$(nproc); echo $$(( n < 2 ? 1 : 2 )))
 test: setup broker data prometheus
