@@ -448,7 +448,7 @@ CLAIMS = (
     ),
     Claim(
         "a9",
-        "↳ appendix rule at that lr",
+        "↳ appendix rule too",
         "0.873 vs ≤ 0.859",
         PAPER,
         "fedat-step",
